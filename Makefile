@@ -1,0 +1,34 @@
+# The two commands of the README:  `make demo`  and  `make test`.
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+export HF_HUB_OFFLINE := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export MLFLOW_DISABLE_TELEMETRY := true
+export GX_ANALYTICS_ENABLED := false
+
+.PHONY: setup demo test schema clean bench
+
+$(BIN)/mlm: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, pinned: the CPU build (a GPU user sets TORCH=... or installs theirs before)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(BIN)/mlm
+
+setup: $(BIN)/mlm
+
+demo: setup
+	$(BIN)/mlm run configs/demo.yaml
+	$(BIN)/mlm status configs/demo.yaml
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+schema: setup
+	$(BIN)/mlm config schema --write
+
+clean:
+	rm -rf .mlm

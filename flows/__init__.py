@@ -1,0 +1,1 @@
+"""Prefect flows: only wiring. ``pipeline`` runs every stage; one flow per stage reruns it alone."""

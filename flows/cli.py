@@ -1,0 +1,150 @@
+"""The ``mlm`` command line. Imports nothing heavy at start-up (``mlm --help`` stays instant):
+torch, Prefect, MLflow and Great Expectations are imported inside the commands that need them.
+
+``mlm run`` goes through the same Prefect flows as the Prefect UI (``flows/pipeline.py``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def prepare_env(workdir: Path | None = None) -> None:
+    """Quiet, offline-friendly defaults; with no Prefect server configured, Prefect's state lives in the workdir."""
+    defaults = {
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
+        "MLFLOW_LOGGING_LEVEL": "WARNING", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+        "GX_ANALYTICS_ENABLED": "false", "TOKENIZERS_PARALLELISM": "true",
+        "PREFECT_LOGGING_LEVEL": "INFO",
+    }
+    for k, v in defaults.items():
+        os.environ.setdefault(k, v)
+    if workdir is not None and "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ:
+        os.environ["PREFECT_HOME"] = str(workdir / "prefect")
+        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def _load(args):
+    from mlm_core.configio import load_config
+    return load_config(args.config, args.set or [])
+
+
+def cmd_config_validate(args) -> int:
+    lc = _load(args)
+    cfg = lc.config
+    print(f"{args.config}: valid ({len(cfg.sources)} languages: {', '.join(cfg.languages)}; workdir {lc.workdir})")
+    return 0
+
+
+def cmd_config_schema(args) -> int:
+    from mlm_core.configio import schema_text
+    text = schema_text()
+    if args.write:
+        out = REPO_ROOT / "schemas" / "config.schema.json"
+        out.write_text(text, encoding="utf-8")
+        print(f"wrote {out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def cmd_status(args) -> int:
+    from mlm_core import stages
+    from mlm_core.store import StageStore
+    lc = _load(args)
+    store = StageStore(lc.workdir)
+    rows = [p.as_row(store) for p in stages.plan(lc, store).values()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'stage':<12} {'status':<8} {'fingerprint':<17} {'size':>9}  path")
+    for r in rows:
+        print(f"{r['stage']:<12} {r['status']:<8} {r['fingerprint']:<17} {_fmt_bytes(r['bytes']):>9}  {r['path']}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    lc = _load(args)  # fail fast on a bad config, before Prefect starts
+    from mlm_core import stages
+    stages.select(stages.plan(lc), only=args.only, from_=args.from_stage)  # fail fast on a missing upstream
+    prepare_env(lc.workdir)
+    from flows.pipeline import STAGE_FLOWS, pipeline
+    overrides = list(args.set or [])
+    if args.only:
+        results = STAGE_FLOWS[args.only](config_path=args.config, overrides=overrides, force=True)
+    else:
+        results = pipeline(config_path=args.config, overrides=overrides, from_stage=args.from_stage,
+                           force=args.force)
+    print()
+    print(f"{'stage':<12} {'result':<8} {'fingerprint':<17} {'seconds':>8}  path")
+    for r in results:
+        print(f"{r['stage']:<12} {'cached' if r['cache_hit'] else 'ran':<8} {r['fingerprint']:<17} "
+              f"{r['seconds']:>8.1f}  {r['path']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mlm", description="Declarative multilingual masked-LM pipeline "
+                                "(normalize -> tokenizer -> shards -> pretrain -> evaluate -> audit -> register).")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def with_config(sp, name="config"):
+        sp.add_argument(name, help="pipeline YAML file")
+        sp.add_argument("--set", action="append", metavar="KEY.PATH=VALUE",
+                        help="override a config value (YAML syntax), repeatable: --set normalize.min_chars=10")
+        return sp
+
+    r = with_config(sub.add_parser("run", help="run the pipeline (reusing every complete stored output)"))
+    g = r.add_mutually_exclusive_group()
+    g.add_argument("--only", metavar="STAGE", help="rerun exactly this stage from the stored upstream outputs")
+    g.add_argument("--from", dest="from_stage", metavar="STAGE", help="rerun this stage and everything downstream")
+    r.add_argument("--force", action="store_true", help="recompute even when complete outputs exist")
+    r.set_defaults(func=cmd_run)
+
+    s = with_config(sub.add_parser("status", help="show each stage as done / missing / stale"))
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_status)
+
+    c = sub.add_parser("config", help="validate a config or print its JSON Schema")
+    csub = c.add_subparsers(dest="config_command", required=True)
+    with_config(csub.add_parser("validate", help="parse and check a config file"), "config").set_defaults(
+        func=cmd_config_validate)
+    sc = csub.add_parser("schema", help="print the config JSON Schema")
+    sc.add_argument("--write", action="store_true", help="write it to schemas/config.schema.json")
+    sc.set_defaults(func=cmd_config_schema)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import logging
+    logging.basicConfig(level=logging.INFO if os.environ.get("MLM_VERBOSE") else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from mlm_core.errors import MlmError
+    try:
+        return args.func(args) or 0
+    except MlmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Loading the pipeline config: YAML file + ``--set a.b=value`` overrides -> ``PipelineConfig``.
+
+Errors are turned into one readable message per problem, naming the full key path and, for an
+unknown key, the closest valid key: ``tokenizer.vocab_sise: unknown key (did you mean vocab_size?)``.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from mlm_core.config import PipelineConfig
+from mlm_core.errors import MlmError
+
+
+class ConfigError(MlmError, ValueError):
+    """A config that cannot be used; the message names the file and every bad key path."""
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A validated config plus where it came from (paths in it are relative to ``base_dir``)."""
+
+    config: PipelineConfig
+    path: Path | None
+    base_dir: Path
+    overrides: tuple[str, ...] = ()
+
+    def resolve(self, p: str) -> Path:
+        q = Path(p).expanduser()
+        return q if q.is_absolute() else (self.base_dir / q)
+
+    @property
+    def workdir(self) -> Path:
+        return Path(self.config.workdir).expanduser().resolve()
+
+
+def apply_override(raw: dict, assignment: str) -> None:
+    """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML (``3``, ``true``, ``[en, fr]``)."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set {assignment!r}: expected KEY.PATH=VALUE")
+    key, _, value = assignment.partition("=")
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set {assignment!r}: empty key path")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--set {assignment!r}: {'.'.join(parts[:i + 1])} is not a mapping")
+        node = nxt
+    node[parts[-1]] = yaml.safe_load(value)
+
+
+def _inner_model(ann: Any) -> Any:
+    origin = typing.get_origin(ann)
+    if origin is None:
+        return ann
+    args = [a for a in typing.get_args(ann) if a is not type(None)]
+    models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+    if origin in (dict, list) and models:
+        return _Container(models[0])
+    return models[0] if models else ann
+
+
+class _Container(str):
+    """Marker: the next path element is a dict key or list index; then continue in ``model``."""
+
+    def __new__(cls, model: Any) -> "_Container":
+        obj = super().__new__(cls, "container")
+        obj.model = model
+        return obj
+
+
+def _walk_fields(loc: tuple) -> list[str]:
+    model: Any = PipelineConfig
+    pending_container = False
+    for part in loc:
+        if pending_container:
+            pending_container = False
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or not isinstance(part, str):
+            return []
+        field = model.model_fields.get(part)
+        if field is None:
+            return []
+        inner = _inner_model(field.annotation)
+        if isinstance(inner, _Container):
+            model, pending_container = inner.model, True
+        else:
+            model = inner
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        path = ".".join(str(p) for p in loc) or "<root>"
+        if e["type"] == "extra_forbidden":
+            valid = _walk_fields(loc[:-1])
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(valid)}"
+            lines.append(f"{path}: unknown key ({hint})")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            got = e.get("input")
+            shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+            lines.append(f"{path}: {msg}{shown}")
+    return f"{source}: invalid config\n  " + "\n  ".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = (),
+                raw: dict | None = None) -> LoadedConfig:
+    """Read, override and validate a pipeline config. Raises ConfigError with every problem listed."""
+    if raw is None:
+        if path is None:
+            raise ConfigError("no config file given")
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"{p}: config file not found")
+        try:
+            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping, got {type(raw).__name__}")
+        base = p.resolve().parent
+        source = str(p)
+    else:
+        raw = json.loads(json.dumps(raw))
+        base = Path(path).resolve().parent if path else Path.cwd()
+        source = str(path) if path else "<config>"
+    for ov in overrides:
+        apply_override(raw, ov)
+    try:
+        cfg = PipelineConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+    return LoadedConfig(cfg, Path(path) if path else None, base, tuple(overrides))
+
+
+def config_json_schema() -> dict:
+    """The JSON Schema of the pipeline config (what ``schemas/config.schema.json`` holds)."""
+    schema = PipelineConfig.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "mlm-pipeline config"
+    return schema
+
+
+def schema_text() -> str:
+    return json.dumps(config_json_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"

@@ -1,0 +1,1 @@
+"""Thin Prefect/MLflow/Great Expectations wrappers around the framework-free stages in ``mlm_core``."""

@@ -1,0 +1,89 @@
+"""The one task pattern every stage goes through: run (or reuse), validate, log, publish.
+
+In: a config path + overrides and a stage name (plain JSON values, so Prefect never pickles a
+payload). Out: a ``StageResult`` dict (stage, fingerprint, path, cache hit, MLflow run id).
+
+1. ``mlm_core.stages.execute`` runs the stage into a temporary folder, or reuses the stored output;
+2. the output's data contract (``schemas/<stage>.suite.json``) is checked *before* the output is
+   renamed into place, so an output that failed validation never becomes "complete";
+3. a nested MLflow run records config, statistics, manifest, validation result and lineage;
+4. Prefect markdown + table artifacts summarize it in the UI.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from mlm_core import stages
+from mlm_core.configio import load_config
+from mlm_core.store import StageStore
+from tasks import publish
+from tasks.tracking import Tracker
+from tasks.validation import ValidationFailed, validate_stage
+
+log = logging.getLogger(__name__)
+
+
+def _logger():
+    try:
+        return get_run_logger()
+    except Exception:  # called outside a Prefect run (e.g. benchmarks calling .fn)
+        return log
+
+
+@task(name="stage", task_run_name="{name}", retries=2, retry_delay_seconds=2,
+      retry_condition_fn=lambda task, run, state: publish.is_transient(state))
+def run_stage(config_path: str, overrides: list[str], name: str, force: bool = False,
+              parent_run_id: str | None = None) -> dict:
+    """Run one stage (or reuse its stored output), validate it, log it, publish it."""
+    logger = _logger()
+    lc = load_config(config_path, overrides)
+    store = StageStore(lc.workdir)
+    plans = stages.plan(lc, store)
+    tracker = Tracker(lc.config.tracking, lc.workdir, parent_run_id=parent_run_id)
+    reports: dict = {}
+
+    def check(tmp: Path, manifest: dict) -> None:
+        reports["validation"] = validate_stage(name, tmp, manifest, seed=lc.config.seed)
+
+    t0 = time.time()
+    try:
+        art, hit = stages.execute(lc, name, plans, force=force, check=check, store=store)
+    except ValidationFailed as exc:
+        run_id = tracker.log_stage(name, fingerprint=plans[name].fingerprint, cache_hit=False,
+                                   params=plans[name].config, metrics={},
+                                   dicts={"validation/result.json": exc.report.to_json()},
+                                   tags={"validation": "failed"}, status="FAILED")
+        tracker.log_text(run_id, exc.report.summary_markdown(), "validation/summary.md")
+        publish.stage_failed(name, plans[name].fingerprint, exc.report, tracker.run_url(run_id))
+        raise
+    seconds = time.time() - t0
+    report = reports.get("validation")
+    metrics = publish.flat_metrics(art.manifest)
+    tags = {"validation": ("passed" if report.success else "failed") if report else "cached"}
+    if report is not None and report.failed_warnings:
+        tags["validation_warnings"] = str(len(report.failed_warnings))
+    dicts = {"manifest.json": art.manifest}
+    if report is not None:
+        dicts["validation/result.json"] = report.to_json()
+    run_id = tracker.log_stage(
+        name, fingerprint=art.fingerprint, cache_hit=hit, params=plans[name].config, metrics=metrics,
+        dicts=dicts, tables=publish.stat_tables(name, art), inputs=publish.lineage(name, art, lc),
+        tags=tags)
+    if report is not None:
+        tracker.log_text(run_id, report.summary_markdown(), "validation/summary.md")
+    url = tracker.run_url(run_id)
+    create_markdown_artifact(key=f"{name}-summary", markdown=publish.stage_markdown(name, art, hit, seconds, report, url),
+                             description=f"{name}: {'cache hit' if hit else 'ran'}")
+    rows = publish.table_rows(name, art)
+    if rows:
+        create_table_artifact(key=f"{name}-stats", table=rows, description=f"{name}: per-language statistics")
+    logger.info("%s: %s %s in %.1fs -> %s", name, "cached" if hit else "ran", art.fingerprint, seconds, art.path)
+    return {"stage": name, "fingerprint": art.fingerprint, "path": str(art.path), "cache_hit": hit,
+            "seconds": round(seconds, 3), "mlflow_run_id": run_id,
+            "validation": tags["validation"], "counts": json.loads(json.dumps(art.manifest.get("counts", {})))}
