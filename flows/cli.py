@@ -26,6 +26,7 @@ def prepare_env(workdir: Path | None = None) -> None:
     for k, v in defaults.items():
         os.environ.setdefault(k, v)
     if workdir is not None and "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ:
+        (workdir / "prefect").mkdir(parents=True, exist_ok=True)
         os.environ["PREFECT_HOME"] = str(workdir / "prefect")
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args) or 0
     except MlmError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        for note in getattr(exc, "__notes__", []):
+            print(f"  {note}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -89,6 +89,48 @@ class NormalizeConfig(Section):
         return self
 
 
+class TokenizerConfig(Section):
+    """Tokenizer training (HF `tokenizers`) on a language-balanced sample of the normalized corpus."""
+
+    algorithm: Literal["bpe", "wordpiece", "unigram"] = Field(
+        default="bpe", description="bpe = byte-level BPE (RoBERTa/GPT-2 style, never emits UNK); wordpiece = BERT "
+        "style; unigram = SentencePiece/XLM-R style with Metaspace. Unigram trains ~15x slower than BPE.")
+    vocab_size: int = Field(default=8000, ge=64, le=1_000_000, description="Requested vocabulary size (tokens, specials included).")
+    min_frequency: int = Field(default=2, ge=1, description="Minimum pair/word frequency for a merge (BPE, WordPiece).")
+    special_tokens: Literal["bert", "roberta"] = Field(
+        default="bert", description="bert: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4; roberta: <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4.")
+    lowercase: bool = Field(default=False, description="Lowercase inside the tokenizer's normalizer (NFKC is always applied; accents never stripped).")
+    sampling_alpha: float | None = Field(
+        default=None, gt=0, le=1, description="Temperature exponent for the language-balanced training sample; "
+        "default: shards.sampling_alpha.")
+    sample_mb: float = Field(default=20.0, gt=0, description="Cap on the training sample (MB of UTF-8 text). Unigram costs ~9 s/MB on 2 cores.")
+    heldout_docs: int = Field(default=200, ge=1, description="Documents per language kept out of training to measure fertility and UNK rate.")
+    min_vocab_fraction: float = Field(
+        default=0.5, gt=0, le=1, description="Fail when the trained vocabulary is smaller than this fraction of vocab_size.")
+    max_unk_rate: float = Field(default=0.02, ge=0, le=1, description="Maximum share of UNK tokens on held-out text, per language.")
+    max_fertility: float = Field(default=4.0, gt=0, description="Maximum tokens per whitespace word on held-out text, per language.")
+    max_fertility_per_lang: dict[str, float] = Field(
+        default_factory=dict, description="Per-language overrides of max_fertility (e.g. zh: 8.0, languages without spaces).")
+
+
+class ShardsConfig(Section):
+    """Pre-tokenized, packed Arrow IPC shards and the per-language sampling table."""
+
+    seq_len: int = Field(default=128, ge=8, le=8192, description="Tokens per packed sequence ([CLS]/[SEP] included).")
+    sampling_alpha: float = Field(
+        default=0.3, gt=0, le=1, description="Temperature exponent α: p(l) ∝ n_l^α. 1 = natural shares; 0.3 = XLM-R.")
+    validation_fraction: float = Field(
+        default=0.05, gt=0, lt=0.5, description="Share of each language's documents held out for validation (by doc hash).")
+    token_budget: int = Field(default=10_000_000, ge=1, description="Planned training tokens, for the expected-epochs column of the sampling table.")
+    rows_per_shard: int = Field(default=16384, ge=1, description="Sequences per Arrow IPC shard file.")
+    batch_docs: int = Field(default=2000, ge=1, description="Documents per encode_batch call.")
+    workers: int = Field(default=2, ge=1, description="Parallel encoding processes.")
+    empty_language: Literal["error", "drop"] = Field(
+        default="error", description="A language with no documents: fail (error) or drop it with a warning (drop).")
+    verify: Literal["every_open", "once", "off"] = Field(
+        default="once", description="When readers verify shard size and sha256 against the manifest.")
+
+
 class TrackingConfig(Section):
     """MLflow tracking: where runs, metrics and artifacts go."""
 
@@ -107,6 +149,8 @@ class PipelineConfig(Section):
     seed: int = Field(default=0, description="Global seed; every stage derives its own from it.")
     sources: dict[str, LanguageSource] = Field(description="Raw text per language, keyed by ISO 639-1 code.")
     normalize: NormalizeConfig = Field(default_factory=NormalizeConfig, description="The normalize stage.")
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="The tokenizer stage.")
+    shards: ShardsConfig = Field(default_factory=ShardsConfig, description="The shards stage.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
 
     @field_validator("sources")
@@ -120,6 +164,18 @@ class PipelineConfig(Section):
             if src.scripts is None and lang not in SCRIPTS_BY_LANG_KNOWN:
                 raise ValueError(f"no script table for '{lang}': set sources.{lang}.scripts")
         return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> "PipelineConfig":
+        unknown = sorted(set(self.tokenizer.max_fertility_per_lang) - set(self.sources))
+        if unknown:
+            raise ValueError(f"tokenizer.max_fertility_per_lang: language(s) {unknown} not in sources "
+                             f"({', '.join(sorted(self.sources))})")
+        return self
+
+    @property
+    def tokenizer_alpha(self) -> float:
+        return self.tokenizer.sampling_alpha if self.tokenizer.sampling_alpha is not None else self.shards.sampling_alpha
 
     @property
     def languages(self) -> list[str]:

@@ -155,18 +155,20 @@ class StageStore:
         tmp.mkdir(parents=True)
         t0 = time.time()
         try:
-            extra = produce(tmp) or {}
-            manifest = {**manifest_base, **extra, "stage": stage, "fingerprint": fp,
-                        "created_at": time.time(), "duration_s": round(time.time() - t0, 3),
-                        "libraries": library_versions(), "files": file_table(tmp)}
-            if check is not None:
-                try:
+            try:
+                extra = produce(tmp) or {}
+                manifest = {**manifest_base, **extra, "stage": stage, "fingerprint": fp,
+                            "created_at": time.time(), "duration_s": round(time.time() - t0, 3),
+                            "libraries": library_versions(), "files": file_table(tmp)}
+                if check is not None:
                     check(tmp, manifest)
-                except BaseException:
-                    failed = final.parent / f".failed-{fp}"
-                    shutil.rmtree(failed, ignore_errors=True)
-                    tmp.rename(failed)
-                    raise
+            except Exception as exc:
+                # keep what was written for inspection (e.g. the quarantine); never as a complete output
+                failed = final.parent / f".failed-{fp}"
+                shutil.rmtree(failed, ignore_errors=True)
+                tmp.rename(failed)
+                exc.add_note(f"{stage}: the unfinished output is kept for inspection in {failed}")
+                raise
             write_json_atomic(tmp / MANIFEST, manifest)
             _fsync_dir(tmp)
             if final.exists():  # an identical output finished first, or an incomplete folder from tampering

@@ -67,6 +67,9 @@ def _mlflow():
         os.environ.setdefault(k, v)
     import mlflow
 
+    # MLflow's own deprecation noise, not ours to fix (SQLAlchemy 2.1 `noload`, pandas 3 `select_dtypes`)
+    warnings.filterwarnings("ignore", message=r".*``noload`` loader strategy.*")
+    warnings.filterwarnings("ignore", message=r".*'str' dtypes are included by select_dtypes.*")
     for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent", "mlflow.pytorch"):
         lg = logging.getLogger(name)
         if lg.level < logging.WARNING:

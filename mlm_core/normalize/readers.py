@@ -219,12 +219,25 @@ class _GzipReader:
 
     def __init__(self, path: str):
         self._f = gzip.open(path, "rb")
+        self._error: Exception | None = None
 
     def read(self, n: int) -> bytes:
-        try:
-            return self._f.read(n)
-        except (EOFError, zlib.error, gzip.BadGzipFile, OSError) as exc:
-            raise _TruncatedGzip(str(exc)) from exc
+        """Up to n bytes; the data decompressed before a stream error is returned first, the error next call."""
+        if self._error is not None:
+            raise _TruncatedGzip(str(self._error)) from self._error
+        out = bytearray()
+        while len(out) < n:
+            try:
+                chunk = self._f.read1(min(2**16, n - len(out)))
+            except (EOFError, zlib.error, gzip.BadGzipFile, OSError) as exc:
+                self._error = exc
+                if not out:
+                    raise _TruncatedGzip(str(exc)) from exc
+                break
+            if not chunk:
+                break
+            out += chunk
+        return bytes(out)
 
     def close(self) -> None:
         self._f.close()

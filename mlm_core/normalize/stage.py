@@ -193,7 +193,7 @@ def run_normalize(lc, out_dir: Path) -> dict:
     zero = [lang for lang, p in per_lang.items() if p["docs"] == 0]
     if zero:
         raise NormalizeError(f"no documents left after normalization for language(s) {', '.join(zero)} "
-                             f"(see {out_dir / 'quarantine.parquet'}; empty files: {empty_files or 'none'})")
+                             f"(empty files: {empty_files or 'none'}; see quarantine.parquet in the kept output)")
     return {"counts": totals, "languages": per_lang, "quarantine_rate": rate, "empty_files": empty_files,
             "partitions": len(parts)}
 
@@ -278,4 +278,4 @@ def _quarantine_report(results: list[dict], rate: float, limit: float, out_dir: 
     lines = [f"  {src}: {q}/{n} quarantined ({q / max(n, 1):.1%}); reasons: {dict(c.most_common(3))}"
              for src, (q, n, c) in worst if q]
     return (f"quarantine rate {rate:.2%} exceeds normalize.max_quarantine_rate={limit:.2%}; worst files:\n"
-            + "\n".join(lines) + f"\n(quarantined records: {out_dir / 'quarantine.parquet'})")
+            + "\n".join(lines) + "\n(every quarantined record, with its reason: quarantine.parquet in the kept output)")

@@ -9,6 +9,8 @@ All of it runs in Arrow's C++ kernels (RE2 regexes with Unicode script classes).
 """
 from __future__ import annotations
 
+import unicodedata
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,9 +21,23 @@ SPACE_RE = r"[\t\n\x0B\f\r\x{0085}\p{Z}]+"
 LETTER_RE = r"[\pL\pM]"
 
 
+def unicode_normalize(texts: pa.Array, form: str) -> pa.Array:
+    """NFC/NFKC of every string. Arrow 25's ``utf8_normalize`` decomposes but does not recompose
+    (its "NFC" returns NFD), so this joins the non-ASCII strings with NUL (removed beforehand, and
+    never produced or absorbed by normalization), normalizes once in C (``unicodedata``), and splits back."""
+    if len(texts) == 0 or pc.all(pc.string_is_ascii(texts)).as_py():
+        return texts
+    non_ascii = pc.invert(pc.string_is_ascii(texts))
+    vals = texts.filter(non_ascii).to_pylist()
+    normed = unicodedata.normalize(form, "\x00".join(vals)).split("\x00")
+    if len(normed) != len(vals):  # cannot happen for NUL-free input; stay correct anyway
+        normed = [unicodedata.normalize(form, v) for v in vals]
+    return pc.replace_with_mask(texts, non_ascii, pa.array(normed, pa.string()))
+
+
 def clean(texts: pa.Array, unicode_form: str, lowercase: bool) -> pa.Array:
     t = pc.replace_substring_regex(texts, DROP_RE, "")
-    t = pc.utf8_normalize(t, unicode_form)
+    t = unicode_normalize(t, unicode_form)
     t = pc.replace_substring_regex(t, SPACE_RE, " ")
     t = pc.utf8_trim(t, " ")
     if lowercase:

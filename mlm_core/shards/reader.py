@@ -1,0 +1,262 @@
+"""Reading a shard set: verify it against its manifest, then memory-map the rows zero-copy.
+
+In: a shards stage folder (or its Artifact): ``manifest.json`` + ``train|validation/<lang>-NNNNN.arrow``.
+Out: ``ShardDataset`` with per (split, lang) numpy views of input_ids / segment_ids / word_start
+(shape (rows, seq_len), read-only, backed by the page cache: opening allocates ~0 bytes) and
+``get`` / ``get_batch`` returning torch tensors; ``as_hf_dataset`` returns the same files as a
+``datasets.Dataset`` (memory-mapped, nothing converted or copied).
+
+Verification happens before the first row is read (``verify``): every manifest file must exist with
+its recorded size and sha256, and no ``*.arrow`` file may be present that the manifest does not list.
+"every_open" checks on every open; "once" once per process per (folder, manifest) (the shard folder
+is read-only output, so the memory of a successful check lives in this process, not in a marker
+file); "off" never. Sizes and stray files are checked first (cheap), then the checksums.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from mlm_core.errors import StageError
+from mlm_core.store import MANIFEST, sha256_file
+
+log = logging.getLogger(__name__)
+Verify = Literal["every_open", "once", "off"]
+COLUMNS = ("input_ids", "segment_ids", "word_start")
+
+_VERIFIED: set[tuple[str, str]] = set()     # (resolved folder, sha256 of manifest.json) checked in this process
+
+
+class ShardIntegrityError(StageError):
+    """A shard set that does not match its manifest (missing, truncated, altered or extra file; wrong tokenizer)."""
+
+
+def _load_manifest(source) -> tuple[Path, dict]:
+    path = Path(getattr(source, "path", source))
+    manifest = getattr(source, "manifest", None)
+    if manifest is None:
+        mf = path / MANIFEST
+        if not mf.is_file():
+            raise ShardIntegrityError(f"{path}: no {MANIFEST} (not a complete shards output)")
+        manifest = json.loads(mf.read_text(encoding="utf-8"))
+    if "shards" not in manifest or "seq_len" not in manifest:
+        raise ShardIntegrityError(f"{path}: the manifest has no 'shards'/'seq_len' (not a shards stage output)")
+    return path, manifest
+
+
+def _manifest_key(path: Path, manifest: dict) -> tuple[str, str]:
+    text = json.dumps(manifest, sort_keys=True, default=str).encode()
+    return str(path.resolve()), hashlib.sha256(text).hexdigest()
+
+
+def verify_shards(path: Path | str, manifest: dict, checksums: bool = True) -> None:
+    """Raise ShardIntegrityError naming the file and the problem; nothing is read beyond file metadata and bytes."""
+    path = Path(path)
+    listed = {s["file"]: s for s in manifest["shards"]}
+    problems = []
+    for rel, s in listed.items():
+        f = path / rel
+        if not f.is_file():
+            problems.append(f"{rel}: missing (listed in the manifest, not on disk)")
+        elif f.stat().st_size != s["bytes"]:
+            problems.append(f"{rel}: size mismatch: {f.stat().st_size} bytes on disk, manifest says {s['bytes']} "
+                            f"(truncated or appended)")
+    extra = sorted(p.relative_to(path).as_posix() for p in path.rglob("*.arrow")
+                   if p.relative_to(path).as_posix() not in listed)
+    problems += [f"{rel}: extra file not in the manifest" for rel in extra]
+    if not problems and checksums:
+        for rel, s in listed.items():
+            got = sha256_file(path / rel)
+            if got != s["sha256"]:
+                problems.append(f"{rel}: sha256 mismatch: {got[:16]}... on disk, manifest says {s['sha256'][:16]}... "
+                                f"(the file was altered)")
+    if problems:
+        raise ShardIntegrityError(f"shard set {path} does not match its manifest:\n  " + "\n  ".join(problems))
+
+
+def check_shard_set(source, verify: Verify = "once", expect_tokenizer_fingerprint: str | None = None
+                    ) -> tuple[Path, dict]:
+    """Load the manifest, check the tokenizer fingerprint, verify the files per ``verify``; returns (path, manifest)."""
+    path, manifest = _load_manifest(source)
+    if expect_tokenizer_fingerprint is not None:
+        got = manifest.get("tokenizer_fingerprint")
+        if got != expect_tokenizer_fingerprint:
+            raise ShardIntegrityError(f"{path}: shard set was built with tokenizer {got}, "
+                                      f"expected {expect_tokenizer_fingerprint}")
+    if verify == "off":
+        return path, manifest
+    key = _manifest_key(path, manifest)
+    if verify == "once" and key in _VERIFIED:
+        return path, manifest
+    verify_shards(path, manifest)
+    _VERIFIED.add(key)
+    return path, manifest
+
+
+@dataclass(frozen=True)
+class Rows:
+    """One column of one (split, lang): a sequence of zero-copy (rows_i, seq_len) arrays, one per shard file."""
+
+    parts: tuple[np.ndarray, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "_starts", np.cumsum([0] + [len(p) for p in self.parts]))
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self), (self.parts[0].shape[1] if self.parts else 0)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.parts[0].dtype
+
+    def __array__(self, dtype=None, copy=None):
+        """The whole column: zero-copy when it is a single shard, else concatenated (a copy)."""
+        arr = self.parts[0] if len(self.parts) == 1 else np.concatenate(self.parts)
+        return arr if dtype is None else arr.astype(dtype)
+
+    def take(self, indices) -> np.ndarray:
+        """Rows at ``indices`` (any order, repeats allowed): one fancy-index per shard touched (a copy)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self)
+        if len(idx) and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"row index out of range for {n} rows")
+        idx = np.where(idx < 0, idx + n, idx)
+        if len(self.parts) == 1:
+            return self.parts[0][idx]
+        shard = np.searchsorted(self._starts, idx, side="right") - 1
+        out = np.empty((len(idx), self.shape[1]), dtype=self.dtype)
+        for s in np.unique(shard):
+            sel = shard == s
+            out[sel] = self.parts[s][idx[sel] - self._starts[s]]
+        return out
+
+    def __getitem__(self, i):
+        if isinstance(i, (int, np.integer)):
+            n = len(self)
+            if not -n <= i < n:
+                raise IndexError(f"row {i} out of range for {n} rows")
+            i = int(i) + n if i < 0 else int(i)
+            s = int(np.searchsorted(self._starts, i, side="right") - 1)
+            return self.parts[s][i - self._starts[s]]           # a zero-copy view of one row
+        if isinstance(i, slice):
+            return self.take(np.arange(len(self))[i])
+        return self.take(i)
+
+
+class ShardDataset:
+    """A verified, memory-mapped shard set. ``ds.input_ids("train", "fr")`` -> Rows of shape (N, seq_len)."""
+
+    def __init__(self, source, verify: Verify = "once", expect_tokenizer_fingerprint: str | None = None):
+        self.path, self.manifest = check_shard_set(source, verify, expect_tokenizer_fingerprint)
+        self.seq_len = int(self.manifest["seq_len"])
+        self._maps: list = []
+        self._cols: dict[tuple[str, str], dict[str, Rows]] = {}
+        groups: dict[tuple[str, str], list[str]] = {}
+        for s in self.manifest["shards"]:
+            groups.setdefault((s["split"], s["lang"]), []).append(s["file"])
+        for key, files in groups.items():
+            parts: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
+            for rel in sorted(files):
+                for c, arr in self._map(self.path / rel).items():
+                    parts[c].append(arr)
+            self._cols[key] = {c: Rows(tuple(parts[c])) for c in COLUMNS}
+
+    def _map(self, file: Path) -> dict[str, np.ndarray]:
+        src = pa.memory_map(str(file), "r")
+        self._maps.append(src)
+        batch = ipc.open_stream(src).read_next_batch()
+        out = {}
+        for c in COLUMNS:
+            col = batch.column(c)
+            # .values ignores slice offsets (STACK_NOTES §6), but a freshly read batch has none.
+            out[c] = col.values.to_numpy(zero_copy_only=True).reshape(-1, self.seq_len)
+        return out
+
+    # --- what is in it
+    @property
+    def splits(self) -> list[str]:
+        return sorted({k[0] for k in self._cols})
+
+    def languages(self, split: str = "train") -> list[str]:
+        return sorted(lang for s, lang in self._cols if s == split)
+
+    def rows_per_lang(self, split: str = "train") -> dict[str, int]:
+        return {lang: len(self._cols[(split, lang)]["input_ids"]) for lang in self.languages(split)}
+
+    def sampling_probs(self) -> dict[str, float]:
+        """p(l) of the manifest's sampling table (what LanguageSampler takes)."""
+        return {r["lang"]: float(r["p"]) for r in self.manifest["sampling"]["table"]}
+
+    def columns(self, split: str, lang: str) -> dict[str, Rows]:
+        try:
+            return self._cols[(split, lang)]
+        except KeyError:
+            raise KeyError(f"no {split!r} rows for language {lang!r} in {self.path} "
+                           f"(have: {sorted(self._cols)})") from None
+
+    def input_ids(self, split: str, lang: str) -> Rows:
+        return self.columns(split, lang)["input_ids"]
+
+    def segment_ids(self, split: str, lang: str) -> Rows:
+        return self.columns(split, lang)["segment_ids"]
+
+    def word_start(self, split: str, lang: str) -> Rows:
+        return self.columns(split, lang)["word_start"]
+
+    def __len__(self) -> int:
+        return sum(len(c["input_ids"]) for c in self._cols.values())
+
+    # --- torch access (torch imported here only)
+    def get(self, split: str, lang: str, index: int) -> dict:
+        return self.get_batch(split, lang, [index], squeeze=True)
+
+    def get_batch(self, split: str, lang: str, indices: Sequence[int] | np.ndarray, squeeze: bool = False) -> dict:
+        """input_ids int64, segment_ids uint8 (int32 when stored as uint16), word_start bool; shape (B, seq_len)."""
+        import torch
+        cols = self.columns(split, lang)
+        ids = cols["input_ids"].take(indices).astype(np.int64)
+        seg = cols["segment_ids"].take(indices)
+        if seg.dtype != np.uint8:
+            seg = seg.astype(np.int32)
+        ws = cols["word_start"].take(indices).view(np.bool_)
+        out = {"input_ids": torch.from_numpy(ids), "segment_ids": torch.from_numpy(seg),
+               "word_start": torch.from_numpy(ws)}
+        return {k: v[0] for k, v in out.items()} if squeeze else out
+
+    def close(self) -> None:
+        self._cols.clear()
+        for m in self._maps:
+            m.close()
+        self._maps.clear()
+
+    def __enter__(self) -> "ShardDataset":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def as_hf_dataset(source, split: str | None = None, lang: str | None = None, verify: Verify = "once",
+                  expect_tokenizer_fingerprint: str | None = None):
+    """The shard files as one ``datasets.Dataset``: memory-mapped by ``Dataset.from_file`` (the shards are Arrow IPC
+    *stream* files, the format it reads), concatenated without copying. Filter by ``split`` and/or ``lang``."""
+    from datasets import Dataset, concatenate_datasets
+    path, manifest = check_shard_set(source, verify, expect_tokenizer_fingerprint)
+    files = [s["file"] for s in manifest["shards"]
+             if (split is None or s["split"] == split) and (lang is None or s["lang"] == lang)]
+    if not files:
+        raise KeyError(f"no shards in {path} for split={split!r} lang={lang!r}")
+    parts = [Dataset.from_file(str(path / f)) for f in files]
+    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)

@@ -1,0 +1,131 @@
+"""The tokenizer stage: normalized corpus -> trained tokenizer + quality statistics.
+
+In: the normalize artifact (``docs/<lang>.parquet``, manifest ``languages[lang].chars|bytes``) and the
+``tokenizer`` config section (with ``PipelineConfig.tokenizer_alpha`` and ``seed``). Out (stage folder):
+  tokenizer.json         HF ``tokenizers`` file; loads in transformers (PreTrainedTokenizerFast / AutoTokenizer)
+  stats.parquet          per language: heldout_docs, words, chars, tokens, tokens_per_word, tokens_per_char,
+                         unk_rate, no_spaces, max_fertility, max_unk_rate
+  vocab_scripts.parquet  script, tokens, share
+The stage fails when the vocabulary cannot hold the alphabet, or comes out smaller than
+``min_vocab_fraction * vocab_size``. Fertility and UNK-rate limits are recorded, not enforced here: the
+tokenizer data contract (Great Expectations suite) checks them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tokenizers import Tokenizer
+
+from mlm_core.store import MANIFEST, Artifact, sha256_file
+from mlm_core.tokenizer.build import SPECIALS, TokenizerError, TokenizerMismatch, special_ids, train
+from mlm_core.tokenizer.sample import train_sample
+from mlm_core.tokenizer.stats import heldout_stats, vocab_scripts
+
+log = logging.getLogger(__name__)
+TOKENIZER_FILE = "tokenizer.json"
+
+STATS_SCHEMA = pa.schema([
+    ("lang", pa.string()), ("heldout_docs", pa.int64()), ("words", pa.int64()), ("chars", pa.int64()),
+    ("tokens", pa.int64()), ("tokens_per_word", pa.float64()), ("tokens_per_char", pa.float64()),
+    ("unk_rate", pa.float64()), ("no_spaces", pa.bool_()), ("max_fertility", pa.float64()),
+    ("max_unk_rate", pa.float64())])
+SCRIPTS_SCHEMA = pa.schema([("script", pa.string()), ("tokens", pa.int64()), ("share", pa.float64())])
+
+
+def _corpus_counts(norm: Artifact, langs: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+    per_lang = norm.manifest.get("languages", {})
+    missing = [lang for lang in langs if lang not in per_lang]
+    if missing:
+        raise TokenizerError(f"the normalize output {norm.path} has no language(s) {', '.join(missing)}: "
+                             f"rerun normalize")
+    empty = [lang for lang in langs if not per_lang[lang].get("chars")]
+    if empty:
+        raise TokenizerError(f"no normalized text for language(s) {', '.join(empty)} in {norm.path}")
+    return ({lang: int(per_lang[lang]["chars"]) for lang in langs},
+            {lang: int(per_lang[lang]["bytes"]) for lang in langs})
+
+
+def run_tokenizer(lc, upstream: dict, out_dir: Path) -> dict:
+    """Train the tokenizer into ``out_dir``; returns the manifest fields (the store adds files and checksums)."""
+    cfg, pcfg = lc.config.tokenizer, lc.config
+    norm: Artifact = upstream["normalize"]
+    chars, nbytes = _corpus_counts(norm, pcfg.languages)
+    alpha = pcfg.tokenizer_alpha
+    sample = train_sample(Path(norm.path), chars, alpha, cfg.sample_mb, cfg.heldout_docs, pcfg.seed, nbytes)
+    log.info("tokenizer: %s sample of %.2f MB (%d docs), per language %s", cfg.algorithm, sample.bytes / 1e6,
+             sample.docs, sample.per_lang_bytes)
+
+    t0 = time.perf_counter()
+    tok = train(cfg, sample.texts)
+    train_seconds = time.perf_counter() - t0
+    actual = tok.get_vocab_size(with_added_tokens=True)
+    if actual < cfg.min_vocab_fraction * cfg.vocab_size:
+        raise TokenizerError(
+            f"the trained vocabulary has {actual} tokens, fewer than tokenizer.min_vocab_fraction="
+            f"{cfg.min_vocab_fraction} x vocab_size={cfg.vocab_size}: the sample ({sample.bytes / 1e6:.2f} MB) is "
+            f"too small or repetitive for this vocabulary; lower tokenizer.vocab_size or add text")
+    out_dir = Path(out_dir)
+    tok.save(str(out_dir / TOKENIZER_FILE), pretty=True)
+
+    specials = special_ids(cfg.special_tokens)
+    langs = heldout_stats(tok, sample.heldout, specials["unk"][1])
+    limits = {"max_unk_rate": cfg.max_unk_rate,
+              "max_fertility": {lang: cfg.max_fertility_per_lang.get(lang, cfg.max_fertility) for lang in langs}}
+    scripts = vocab_scripts(tok, cfg.algorithm, SPECIALS[cfg.special_tokens])
+    n_scripts = sum(scripts.values()) or 1
+    _write_tables(out_dir, langs, limits, scripts, n_scripts)
+    log.info("tokenizer: vocab %d/%d in %.1f s; held-out %s", actual, cfg.vocab_size, train_seconds,
+             {lang: round(s["tokens_per_char"] or 0, 3) for lang, s in langs.items()})
+    return {
+        "algorithm": cfg.algorithm, "style": cfg.special_tokens,
+        "vocab_size_requested": cfg.vocab_size, "vocab_size": actual,
+        "special_tokens": {role: {"token": t, "id": i} for role, (t, i) in specials.items()},
+        "lowercase": cfg.lowercase,
+        "sample": sample.summary(),
+        "languages": langs,
+        "vocab_scripts": {s: n / n_scripts for s, n in scripts.items()},
+        "counts": {"vocab_size": actual, "sample_bytes": sample.bytes, "sample_docs": sample.docs,
+                   "train_seconds": round(train_seconds, 3)},
+        "limits": limits,
+    }
+
+
+def _write_tables(out_dir: Path, langs: dict, limits: dict, scripts: dict, n_scripts: int) -> None:
+    rows = [{"lang": lang, **{k: s[k] for k in STATS_SCHEMA.names if k in s},
+             "max_fertility": limits["max_fertility"][lang], "max_unk_rate": limits["max_unk_rate"]}
+            for lang, s in langs.items()]
+    pq.write_table(pa.Table.from_pylist(rows, schema=STATS_SCHEMA), out_dir / "stats.parquet")
+    srows = [{"script": s, "tokens": n, "share": n / n_scripts} for s, n in scripts.items()]
+    pq.write_table(pa.Table.from_pylist(srows, schema=SCRIPTS_SCHEMA), out_dir / "vocab_scripts.parquet")
+
+
+def load_tokenizer(artifact_or_dir: Artifact | Path | str) -> Tokenizer:
+    """Load ``tokenizer.json`` from a tokenizer artifact or folder (or the file itself).
+
+    When a manifest exists (the artifact's, or ``manifest.json`` next to the file), the file's sha256 must
+    match its entry in the manifest's files table; otherwise ``TokenizerMismatch`` names the file.
+    """
+    if isinstance(artifact_or_dir, Artifact):
+        folder, manifest = Path(artifact_or_dir.path), artifact_or_dir.manifest
+        path = folder / TOKENIZER_FILE
+    else:
+        p = Path(artifact_or_dir)
+        folder, path = (p.parent, p) if p.is_file() else (p, p / TOKENIZER_FILE)
+        mf = folder / MANIFEST
+        manifest = json.loads(mf.read_text(encoding="utf-8")) if mf.is_file() else None
+    if not path.is_file():
+        raise TokenizerError(f"{path}: tokenizer file not found")
+    if manifest is not None:
+        entry = manifest.get("files", {}).get(path.relative_to(folder).as_posix())
+        if entry is None:
+            raise TokenizerMismatch(f"{path}: not listed in the files table of {folder / MANIFEST}")
+        actual = sha256_file(path)
+        if actual != entry.get("sha256"):
+            raise TokenizerMismatch(f"{path}: sha256 {actual[:12]}… does not match the manifest "
+                                    f"({str(entry.get('sha256'))[:12]}…): the file was modified after the stage wrote it")
+    return Tokenizer.from_file(str(path))

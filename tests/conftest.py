@@ -1,0 +1,44 @@
+"""Shared fixtures. Heavy imports (prefect, mlflow, great_expectations, torch) stay inside fixtures/tests."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The real public data in ../shared/data; always present in CI, so its absence is a failure, not a skip."""
+    assert SHARED_DATA.is_dir(), f"{SHARED_DATA} is missing: tests read real data from ../shared/data"
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory):
+    """One Prefect test server per session (~15 s), only for the tests that ask for it."""
+    os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    from prefect.testing.utilities import prefect_test_harness
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def write_lines(path: Path, lines: list[str] | bytes, newline: str = "\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(lines, bytes):
+        path.write_bytes(lines)
+    else:
+        path.write_bytes(newline.join(lines).encode("utf-8") + newline.encode())
+    return path

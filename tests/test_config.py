@@ -1,0 +1,112 @@
+"""Config: parsing, unknown keys with suggestions, wrong types, overrides, cross-field checks, schema in sync."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlm_core.configio import ConfigError, load_config, schema_text
+
+REPO = Path(__file__).resolve().parent.parent
+SRC = {"en": {"paths": ["x.txt"]}, "fr": {"paths": ["y.txt"]}}
+
+
+def test_every_shipped_config_parses():
+    files = sorted((REPO / "configs").glob("*.yaml"))
+    assert files, "no configs shipped"
+    for f in files:
+        load_config(f)
+
+
+def test_typo_names_full_path_and_closest_key():
+    with pytest.raises(ConfigError) as e:
+        load_config(raw={"sources": SRC, "tokenizer": {"vocab_sise": 100}})
+    assert "tokenizer.vocab_sise: unknown key (did you mean vocab_size?)" in str(e.value)
+    with pytest.raises(ConfigError, match=r"sources\.en\.text_fild: unknown key \(did you mean text_field\?\)"):
+        load_config(raw={"sources": {"en": {"paths": ["a"], "text_fild": "t"}}})
+    with pytest.raises(ConfigError, match=r"normalise: unknown key \(did you mean normalize\?\)"):
+        load_config(raw={"sources": SRC, "normalise": {}})
+
+
+def test_wrong_type_names_key_and_value():
+    with pytest.raises(ConfigError, match=r"normalize\.min_chars: .*integer.*\(got 'many'\)"):
+        load_config(raw={"sources": SRC, "normalize": {"min_chars": "many"}})
+
+
+def test_file_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sources: [unclosed\n")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_config(bad)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("sources:\n  en: {paths: [a.txt]}\nworkdri: x\n")
+    with pytest.raises(ConfigError, match=r"typo\.yaml: invalid config\n  workdri: unknown key \(did you mean workdir\?\)"):
+        load_config(typo)
+
+
+def test_cross_field_checks():
+    with pytest.raises(ConfigError, match="'xx' is not an ISO 639-1 language code"):
+        load_config(raw={"sources": {"xx": {"paths": ["a"]}}})
+    with pytest.raises(ConfigError, match=r"shards\.sampling_alpha: Input should be greater than 0"):
+        load_config(raw={"sources": SRC, "shards": {"sampling_alpha": 0}})
+    with pytest.raises(ConfigError, match=r"shards\.sampling_alpha: Input should be less than or equal to 1"):
+        load_config(raw={"sources": SRC, "shards": {"sampling_alpha": 1.5}})
+    with pytest.raises(ConfigError, match=r"language\(s\) \['de'\] not in sources"):
+        load_config(raw={"sources": SRC, "tokenizer": {"max_fertility_per_lang": {"de": 3.0}}})
+    with pytest.raises(ConfigError, match="exactly one of 'paths' or 'dataset'"):
+        load_config(raw={"sources": {"en": {}}})
+    with pytest.raises(ConfigError, match="min_chars .* must be <= max_chars"):
+        load_config(raw={"sources": SRC, "normalize": {"min_chars": 10, "max_chars": 5}})
+
+
+def test_overrides_parse_yaml_values_and_paths():
+    lc = load_config(raw={"sources": SRC}, overrides=["normalize.min_chars=12", "normalize.lowercase=true",
+                                                      "tokenizer.algorithm=unigram", "sources.de.paths=[z.txt]"])
+    cfg = lc.config
+    assert cfg.normalize.min_chars == 12 and cfg.normalize.lowercase is True
+    assert cfg.tokenizer.algorithm == "unigram" and cfg.languages == ["de", "en", "fr"]
+    with pytest.raises(ConfigError, match=r"normalize\.min_chr: unknown key \(did you mean min_chars\?\)"):
+        load_config(raw={"sources": SRC}, overrides=["normalize.min_chr=3"])
+    with pytest.raises(ConfigError, match="expected KEY.PATH=VALUE"):
+        load_config(raw={"sources": SRC}, overrides=["normalize.min_chars"])
+
+
+def test_config_is_frozen():
+    cfg = load_config(raw={"sources": SRC}).config
+    with pytest.raises(Exception):
+        cfg.normalize.min_chars = 3
+
+
+def test_json_schema_in_sync_with_models():
+    on_disk = (REPO / "schemas" / "config.schema.json").read_text(encoding="utf-8")
+    assert on_disk == schema_text(), "schemas/config.schema.json is stale: run `mlm config schema --write`"
+    schema = json.loads(on_disk)
+    assert schema["additionalProperties"] is False
+    assert "description" in schema["$defs"]["NormalizeConfig"]["properties"]["min_chars"]
+
+
+def test_cli_help_is_fast_and_imports_nothing_heavy():
+    code = ("import sys, time; t=time.time(); import flows.cli as c\n"
+            "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy=[m for m in ('torch','prefect','mlflow','great_expectations','duckdb','datasets') if m in sys.modules]\n"
+            "print(heavy, time.time()-t, file=sys.stderr)\nassert not heavy, heavy")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    heavy, secs = r.stderr.strip().rsplit("] ", 1)
+    assert float(secs) < 1.0
+
+
+def test_cli_config_validate_and_errors(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "flows.cli", "config", "validate", "configs/demo.yaml",
+                         "--set", "normalize.min_chars=3"], capture_output=True, text=True, cwd=REPO)
+    assert ok.returncode == 0 and "valid" in ok.stdout, ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "flows.cli", "config", "validate", "configs/demo.yaml",
+                          "--set", "tokenizer.vocab_sise=5"], capture_output=True, text=True, cwd=REPO)
+    assert bad.returncode == 2
+    assert "tokenizer.vocab_sise: unknown key (did you mean vocab_size?)" in bad.stderr
+    assert "Traceback" not in bad.stderr
