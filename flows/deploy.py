@@ -67,7 +67,7 @@ def render_config() -> dict:
             "description": description,
             "tags": ["mlm"],
             "parameters": {"config_path": DEFAULT_CONFIG},
-            "work_pool": {"name": POOL, "work_queue_name": None, "job_variables": {}},
+            "work_pool": {"name": POOL},
             "schedules": [{"cron": CRON, "timezone": TIMEZONE, "active": False}],
         })
     return {

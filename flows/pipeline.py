@@ -68,4 +68,16 @@ def normalize_flow(config_path: ConfigPath = "configs/demo.yaml", overrides: Ove
     return run_pipeline(config_path, overrides, only="normalize", force=force)
 
 
-STAGE_FLOWS = {"normalize": normalize_flow}
+@flow(name="mlm-tokenizer", description="Train the tokenizer from the stored normalize output.")
+def tokenizer_flow(config_path: ConfigPath = "configs/demo.yaml", overrides: Overrides = [],  # noqa: B006
+                   force: Force = False) -> list[dict]:
+    return run_pipeline(config_path, overrides, only="tokenizer", force=force)
+
+
+@flow(name="mlm-shards", description="Encode and pack the corpus into Arrow shards from the stored upstream outputs.")
+def shards_flow(config_path: ConfigPath = "configs/demo.yaml", overrides: Overrides = [],  # noqa: B006
+                force: Force = False) -> list[dict]:
+    return run_pipeline(config_path, overrides, only="shards", force=force)
+
+
+STAGE_FLOWS = {"normalize": normalize_flow, "tokenizer": tokenizer_flow, "shards": shards_flow}

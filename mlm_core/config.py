@@ -75,6 +75,9 @@ class NormalizeConfig(Section):
     min_script_ratio: float = Field(
         default=0.5, gt=0, le=1, description="Share of letters that must be in the language's scripts (script check).")
     dedup: bool = Field(default=True, description="Drop exact duplicates (by content hash) across the whole corpus; the first occurrence is kept.")
+    min_docs_per_language: int = Field(
+        default=1, ge=1, description="Data contract: every language keeps at least this many documents "
+        "(checked by the normalize suite; fewer fails the stage).")
     max_quarantine_rate: float = Field(
         default=0.05, ge=0, le=1, description="The stage fails (naming the worst files) when quarantined/records exceeds this.")
     partition_mb: int = Field(

@@ -50,10 +50,35 @@ def _normalize_inputs(lc):
     return input_fingerprint(lc)
 
 
+def _tokenizer_section(lc: LoadedConfig) -> dict:
+    cfg = lc.config
+    return {"tokenizer": cfg.tokenizer.model_dump(), "alpha": cfg.tokenizer_alpha, "seed": cfg.seed}
+
+
+def _run_tokenizer(lc, upstream, out_dir):
+    from mlm_core.tokenizer import run_tokenizer
+    return run_tokenizer(lc, upstream, out_dir)
+
+
+def _shards_section(lc: LoadedConfig) -> dict:
+    # speed knobs and the readers' verification policy don't change what is written
+    return {"shards": lc.config.shards.model_dump(exclude={"workers", "batch_docs", "verify"}),
+            "languages": lc.config.languages}
+
+
+def _run_shards(lc, upstream, out_dir):
+    from mlm_core.shards import run_shards
+    return run_shards(lc, upstream, out_dir)
+
+
 # Versions: bump a stage's version when its code changes what it writes for the same config.
 STAGES: dict[str, StageSpec] = {
     "normalize": StageSpec("normalize", (), "1", _normalize_section, _run_normalize,
                            _normalize_inputs, "clean, filter and deduplicate the raw corpus per language"),
+    "tokenizer": StageSpec("tokenizer", ("normalize",), "1", _tokenizer_section, _run_tokenizer,
+                           summary="train a tokenizer on a language-balanced sample"),
+    "shards": StageSpec("shards", ("normalize", "tokenizer"), "1", _shards_section, _run_shards,
+                        summary="encode, pack and write Arrow shards with the language sampling table"),
 }
 
 

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from mlm_core.errors import MlmError
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
 
@@ -57,7 +59,7 @@ _MLFLOW_ENV_DEFAULTS = {
 }
 
 
-class TrackingError(RuntimeError):
+class TrackingError(MlmError):
     """The tracking backend is unusable (server down, bad URI); raised before any work starts."""
 
 

@@ -30,10 +30,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from mlm_core.errors import MlmError
+
 if TYPE_CHECKING:
     import pandas as pd
 
 log = logging.getLogger(__name__)
+logging.getLogger("great_expectations").setLevel(logging.WARNING)
 
 SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
 SEVERITIES = ("critical", "warning", "info")
@@ -63,7 +66,7 @@ def register_parameters(stage: str) -> Callable:
     return deco
 
 
-class SuiteError(ValueError):
+class SuiteError(MlmError, ValueError):
     """A suite file that cannot be trusted: bad JSON, unknown expectation type, bad kwargs, unknown table."""
 
 
@@ -106,7 +109,7 @@ class ValidationReport:
         return "\n".join(lines) + "\n"
 
 
-class ValidationFailed(RuntimeError):
+class ValidationFailed(MlmError):
     """A critical expectation failed; ``.report`` holds the full ValidationReport."""
 
     def __init__(self, report: ValidationReport, out_dir: Path | None = None):
@@ -382,7 +385,8 @@ CONTROL_RE = r"[\x00-\x1f\x7f-\x9f]"
 def _normalize_parameters(manifest: dict) -> dict:
     cfg = manifest["config"]["normalize"]
     return {"languages": list(manifest["languages"]), "min_chars": cfg["min_chars"],
-            "max_chars": cfg["max_chars"], "max_quarantine_rate": cfg["max_quarantine_rate"]}
+            "max_chars": cfg["max_chars"], "max_quarantine_rate": cfg["max_quarantine_rate"],
+            "min_docs": cfg.get("min_docs_per_language", 1)}
 
 
 @register_tables("normalize")

@@ -1,0 +1,498 @@
+"""``mlm serve`` and ``mlm deploy``: the real servers behind the pipeline, on one machine.
+
+In: a workdir (``.mlm`` by default), ports, a host. Out, until Ctrl-C / SIGTERM:
+- a Prefect server (API + UI; SQLite in ``<workdir>/prefect``, ``PREFECT_HOME`` there, analytics off),
+- a Prefect worker for the ``mlm-process`` work pool (created first when missing),
+- an MLflow tracking server (``sqlite:///<workdir>/mlflow-server.db``, artifacts proxied into
+  ``<workdir>/mlartifacts-server``), ``--workers 1`` and ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``:
+  10 s to start instead of ~38 s, and no orphaned huey consumers (STACK_NOTES section 2).
+
+Every child runs in its own session (process group); stopping kills whole groups, SIGTERM then
+SIGKILL after a grace period, so nothing a server forked survives it. Ports are checked (bind test)
+before anything starts: a busy port is an error naming the port and the server that wanted it (exit 2).
+
+Security: loopback by default. Any other ``--host`` requires credentials (``--auth-file`` or
+``MLM_SERVE_AUTH``, ``user:password``): Prefect basic auth (``PREFECT_SERVER_API_AUTH_STRING``; clients
+send ``PREFECT_API_AUTH_STRING``) and MLflow's ``basic-auth`` app (admin user bootstrapped from
+``MLFLOW_AUTH_ADMIN_USERNAME``/``MLFLOW_AUTH_ADMIN_PASSWORD``, store and config in the workdir;
+clients send ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``). ``--require-auth`` turns the same
+on for loopback. Nothing heavy is imported at module level (``mlm --help`` stays instant).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+POOL = "mlm-process"
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+AUTH_ENV = "MLM_SERVE_AUTH"          # user:password, the alternative to --auth-file
+MIN_PASSWORD = 12                    # MLflow's password policy (mlflow.utils.validation._validate_password)
+GRACE_S = 10.0                       # SIGTERM -> SIGKILL
+STATE_FILE = "serve.json"            # <workdir>/serve.json: URLs + child pids while serving
+
+QUIET_ENV = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
+    "MLFLOW_LOGGING_LEVEL": "WARNING", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    "HF_HUB_OFFLINE": "1", "GX_ANALYTICS_ENABLED": "false",
+}
+
+
+class ServeError(Exception):
+    """A problem found before or while starting; ``code`` is the exit status."""
+
+    def __init__(self, msg: str, code: int = 1):
+        super().__init__(msg)
+        self.code = code
+
+
+class _Stop(Exception):
+    """Raised from the SIGTERM/SIGHUP handler to unwind into the cleanup."""
+
+
+# ------------------------------------------------------------------------------------- plumbing
+def _client_host(host: str) -> str:
+    """Where a local client reaches a server bound to ``host``."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+
+def _url(host: str, port: int) -> str:
+    h = _client_host(host)
+    return f"http://[{h}]:{port}" if ":" in h else f"http://{h}:{port}"
+
+
+def port_free(host: str, port: int) -> bool:
+    """Bind test, with SO_REUSEADDR like uvicorn: only a live listener (or a foreign owner) fails it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """An ephemeral port that is free right now (for tests)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 2.0, auth: str | None = None) -> tuple[int, str]:
+    """(status, body) of a GET; status 0 when nothing answers."""
+    req = urllib.request.Request(url, headers=_auth_header(auth))
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (http only)
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0, ""
+
+
+def http_post_json(url: str, body: dict, timeout: float = 5.0, auth: str | None = None) -> tuple[int, object]:
+    headers = {"Content-Type": "application/json", **_auth_header(auth)}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0, None
+
+
+def _auth_header(auth: str | None) -> dict:
+    if not auth:
+        return {}
+    return {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()}
+
+
+# ------------------------------------------------------------------------------------- credentials
+def read_credentials(auth_file: str | None) -> str | None:
+    """``user:password`` from ``--auth-file`` (first non-comment line) or ``$MLM_SERVE_AUTH``; None if neither."""
+    if auth_file:
+        path = Path(auth_file)
+        if not path.is_file():
+            raise ServeError(f"--auth-file {path}: no such file", 2)
+        lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+        lines = [ln for ln in lines if ln and not ln.startswith("#")]
+        cred = lines[0] if lines else ""
+        source = f"--auth-file {path}"
+    elif os.environ.get(AUTH_ENV):
+        cred, source = os.environ[AUTH_ENV].strip(), f"${AUTH_ENV}"
+    else:
+        return None
+    user, sep, password = cred.partition(":")
+    if not sep or not user or not password:
+        raise ServeError(f"{source}: expected one line 'user:password'", 2)
+    if len(password) < MIN_PASSWORD:
+        raise ServeError(f"{source}: the password must have at least {MIN_PASSWORD} characters "
+                         "(MLflow's password policy)", 2)
+    return cred
+
+
+# ------------------------------------------------------------------------------------- children
+@dataclass
+class Child:
+    name: str
+    cmd: list[str]
+    env: dict
+    log: Path
+    cwd: Path = REPO_ROOT
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as fh:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=self.cwd, stdout=fh, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, n: int = 25) -> str:
+        try:
+            return "\n".join(self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def stop_children(children: list[Child], grace: float = GRACE_S) -> None:
+    """SIGTERM every child's whole process group, then SIGKILL what is left after ``grace`` seconds."""
+    started = [c for c in children if c.proc is not None]
+    for c in started:
+        try:
+            os.killpg(c.proc.pid, signal.SIGTERM)  # pgid == pid: start_new_session=True
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    for c in started:
+        while time.monotonic() < deadline:
+            c.proc.poll()  # reap the leader so a zombie does not keep its group "alive"
+            if not _group_exists(c.proc.pid):
+                break
+            time.sleep(0.1)
+    for c in started:
+        c.proc.poll()
+        if _group_exists(c.proc.pid):
+            try:
+                os.killpg(c.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            c.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _wait_until(what: str, check, children: list[Child], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for c in children:
+            if not c.alive():
+                raise ServeError(f"{c.name} exited (code {c.proc.returncode}) before {what}; "
+                                 f"last lines of {c.log}:\n{c.tail()}")
+        if check():
+            return
+        time.sleep(0.5)
+    tails = "\n".join(f"--- {c.log}:\n{c.tail(10)}" for c in children)
+    raise ServeError(f"timed out after {timeout:.0f}s waiting for {what}\n{tails}")
+
+
+# ------------------------------------------------------------------------------------- plan
+@dataclass
+class Plan:
+    workdir: Path
+    host: str
+    prefect_port: int
+    mlflow_port: int
+    pool: str
+    auth: str | None
+
+    @property
+    def prefect_url(self) -> str:
+        return _url(self.host, self.prefect_port)
+
+    @property
+    def api_url(self) -> str:
+        return self.prefect_url + "/api"
+
+    @property
+    def mlflow_url(self) -> str:
+        return _url(self.host, self.mlflow_port)
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.workdir / "prefect"
+
+    def base_env(self) -> dict:
+        env = dict(os.environ)
+        for k, v in QUIET_ENV.items():
+            env.setdefault(k, v)
+        env["PREFECT_HOME"] = str(self.prefect_home)
+        env["PREFECT_API_URL"] = self.api_url
+        env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+        for k in ("PREFECT_SERVER_API_AUTH_STRING", "PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_USERNAME",
+                  "MLFLOW_TRACKING_PASSWORD", "MLFLOW_AUTH_ADMIN_USERNAME", "MLFLOW_AUTH_ADMIN_PASSWORD"):
+            env.pop(k, None)   # only this command's credentials, never a stale one from the shell
+        if self.auth:
+            user, _, password = self.auth.partition(":")
+            env["PREFECT_API_AUTH_STRING"] = self.auth
+            env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"] = user, password
+        return env
+
+    def prefect_server(self) -> Child:
+        env = self.base_env()
+        if self.auth:
+            env["PREFECT_SERVER_API_AUTH_STRING"] = self.auth
+        cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", self.host, "--port", str(self.prefect_port)]
+        return Child("prefect server", cmd, env, self.workdir / "logs" / "prefect-server.log")
+
+    def mlflow_server(self) -> Child:
+        env = self.base_env()
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+        cmd = [sys.executable, "-m", "mlflow", "server",
+               "--backend-store-uri", f"sqlite:///{self.workdir / 'mlflow-server.db'}",
+               "--artifacts-destination", str(self.workdir / "mlartifacts-server"),
+               "--host", self.host, "--port", str(self.mlflow_port), "--workers", "1"]
+        if self.auth:
+            user, _, password = self.auth.partition(":")
+            ini = self.workdir / "mlflow-basic-auth.ini"
+            ini.write_text("[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
+                           f"database_uri = sqlite:///{self.workdir / 'mlflow-auth.db'}\n"
+                           f"admin_username = {user}\n"
+                           "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n",
+                           encoding="utf-8")
+            env["MLFLOW_AUTH_CONFIG_PATH"] = str(ini)
+            env["MLFLOW_AUTH_ADMIN_USERNAME"], env["MLFLOW_AUTH_ADMIN_PASSWORD"] = user, password
+            cmd += ["--app-name", "basic-auth"]
+        return Child("mlflow server", cmd, env, self.workdir / "logs" / "mlflow-server.log")
+
+    def worker(self) -> Child:
+        cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", self.pool, "--type", "process",
+               "--name", self.worker_name]
+        return Child("prefect worker", cmd, self.base_env(), self.workdir / "logs" / "prefect-worker.log")
+
+    @property
+    def worker_name(self) -> str:
+        return f"mlm-worker-{self.prefect_port}"
+
+
+# ------------------------------------------------------------------------------------- checks
+def prefect_up(plan: Plan) -> bool:
+    return http_get(plan.api_url + "/health")[0] == 200
+
+
+def mlflow_up(plan: Plan) -> bool:
+    return http_get(plan.mlflow_url + "/health")[0] == 200
+
+
+def workers_online(plan: Plan) -> list[str]:
+    status, body = http_post_json(f"{plan.api_url}/work_pools/{plan.pool}/workers/filter", {}, auth=plan.auth)
+    if status != 200 or not isinstance(body, list):
+        return []
+    return [w.get("name", "?") for w in body if w.get("status") == "ONLINE"]
+
+
+def _ensure_pool(plan: Plan) -> None:
+    """Create the work pool through the API (the worker needs it; ``mlm deploy`` does the same)."""
+    env = plan.base_env()
+    keep = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME", "PREFECT_API_AUTH_STRING")}
+    os.environ.update({k: env[k] for k in keep if k in env})
+    try:
+        from flows.deploy import ensure_work_pool
+        ensure_work_pool(plan.pool)
+    finally:
+        for k, v in keep.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# ------------------------------------------------------------------------------------- commands
+def _plan_from_args(args) -> Plan:
+    workdir = Path(args.workdir).resolve()
+    auth = read_credentials(args.auth_file)
+    loopback = args.host in LOOPBACK
+    if not loopback and auth is None:
+        raise ServeError(
+            f"--host {args.host} exposes the servers beyond this machine; refusing to start without "
+            f"credentials. Pass --auth-file FILE (one line 'user:password', password >= {MIN_PASSWORD} chars) "
+            f"or export {AUTH_ENV}=user:password; or keep the default --host 127.0.0.1.", 2)
+    if args.require_auth and auth is None:
+        raise ServeError(f"--require-auth: pass --auth-file FILE or export {AUTH_ENV}=user:password", 2)
+    if args.prefect_port == args.mlflow_port:
+        raise ServeError(f"--prefect-port and --mlflow-port are both {args.prefect_port}", 2)
+    use_auth = auth if (args.require_auth or not loopback) else None
+    return Plan(workdir, args.host, args.prefect_port, args.mlflow_port, args.pool, use_auth)
+
+
+def _banner(plan: Plan, seconds: float) -> str:
+    lines = [
+        f"mlm serve: up in {seconds:.0f}s (workdir {plan.workdir}, logs in {plan.workdir / 'logs'})",
+        f"  Prefect UI   {plan.prefect_url}",
+        f"  Prefect API  {plan.api_url}   (worker '{plan.worker_name}' on pool {plan.pool})",
+        f"  MLflow UI    {plan.mlflow_url}",
+        "",
+        "In another shell:",
+        f"  export PREFECT_API_URL={plan.api_url}",
+    ]
+    if plan.auth:
+        user = plan.auth.partition(":")[0]
+        lines += [f"  export PREFECT_API_AUTH_STRING='{user}:<password>'",
+                  f"  export MLFLOW_TRACKING_USERNAME={user} MLFLOW_TRACKING_PASSWORD='<password>'"]
+    lines += [
+        f"  mlm deploy                      # deployments on pool {plan.pool}",
+        f"  mlm run configs/demo.yaml --set tracking.uri={plan.mlflow_url}",
+        f"The pipeline logs to this MLflow server only when the config's tracking.uri is {plan.mlflow_url}",
+        "(set it in the YAML, with --set, or in a deployment run's overrides: "
+        f"[\"tracking.uri={plan.mlflow_url}\"]).",
+    ]
+    if plan.host not in LOOPBACK:
+        lines.append(f"Bound to {plan.host}: other machines use this host's address instead of "
+                     f"{_client_host(plan.host)} (MLflow may need --allowed-hosts, Prefect PREFECT_UI_API_URL).")
+    lines.append("Ctrl-C stops everything.")
+    return "\n".join(lines)
+
+
+def cmd_check(args) -> int:
+    plan = Plan(Path(args.workdir).resolve(), args.host, args.prefect_port, args.mlflow_port, args.pool,
+                read_credentials(args.auth_file))
+    p, m = prefect_up(plan), mlflow_up(plan)
+    w = workers_online(plan) if p else []
+    print(f"prefect server  {plan.api_url}/health  {'up' if p else 'DOWN'}")
+    print(f"prefect worker  pool {plan.pool}  {('up: ' + ', '.join(w)) if w else 'DOWN'}")
+    print(f"mlflow server   {plan.mlflow_url}/health  {'up' if m else 'DOWN'}")
+    return 0 if (p and m and w) else 1
+
+
+def serve(plan: Plan, timeout: float = 180.0, grace: float = GRACE_S) -> int:
+    """Start all three, wait until they answer, print where they are, block until stopped."""
+    wanted = [(plan.prefect_port, "the Prefect server (--prefect-port)"),
+              (plan.mlflow_port, "the MLflow server (--mlflow-port)")]
+    for port, who in wanted:
+        if not port_free(plan.host, port):
+            raise ServeError(f"port {port} on {plan.host} is already in use; it was wanted by {who}. "
+                             "Stop whatever holds it or pick another port. Nothing was started.", 2)
+    plan.workdir.mkdir(parents=True, exist_ok=True)
+    plan.prefect_home.mkdir(parents=True, exist_ok=True)
+    state = plan.workdir / STATE_FILE
+
+    children: list[Child] = []
+
+    def on_signal(signum, frame):
+        raise _Stop(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    t0 = time.monotonic()
+    try:
+        servers = [plan.prefect_server(), plan.mlflow_server()]
+        for c in servers:
+            c.start()
+            children.append(c)
+        print(f"starting the Prefect server ({plan.prefect_url}) and the MLflow server ({plan.mlflow_url}) ...",
+              flush=True)
+        _wait_until("the Prefect server answers", lambda: prefect_up(plan), servers, timeout)
+        _ensure_pool(plan)
+        worker = plan.worker()
+        worker.start()
+        children.append(worker)
+        _write_state(state, plan, children)
+        left = max(30.0, timeout - (time.monotonic() - t0))
+        _wait_until("the MLflow server answers", lambda: mlflow_up(plan), children, left)
+        _wait_until(f"the worker joins pool {plan.pool}", lambda: plan.worker_name in workers_online(plan),
+                    children, max(30.0, timeout - (time.monotonic() - t0)))
+        print(_banner(plan, time.monotonic() - t0), flush=True)
+        while True:
+            for c in children:
+                if not c.alive():
+                    raise ServeError(f"{c.name} exited unexpectedly (code {c.proc.returncode}); stopping the others."
+                                     f" Last lines of {c.log}:\n{c.tail()}")
+            time.sleep(1.0)
+    except (KeyboardInterrupt, _Stop):
+        print("\nmlm serve: stopping ...", flush=True)
+        return 0
+    finally:
+        # the worker first (it would only complain about a vanished API), then the servers
+        stop_children(list(reversed(children)), grace)
+        state.unlink(missing_ok=True)
+        for s, h in old.items():
+            signal.signal(s, h)
+        if children:
+            print("mlm serve: stopped", flush=True)
+
+
+def _write_state(path: Path, plan: Plan, children: list[Child]) -> None:
+    path.write_text(json.dumps({
+        "pid": os.getpid(), "prefect_url": plan.prefect_url, "api_url": plan.api_url,
+        "mlflow_url": plan.mlflow_url, "pool": plan.pool, "auth": bool(plan.auth),
+        "children": {c.name: c.proc.pid for c in children if c.proc is not None},
+    }, indent=2), encoding="utf-8")
+
+
+def cmd_serve(args) -> int:
+    try:
+        if args.check:
+            return cmd_check(args)
+        return serve(_plan_from_args(args), timeout=args.timeout)
+    except ServeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.code
+
+
+def add_parsers(sub) -> None:
+    """Add ``serve`` and ``deploy`` to the ``mlm`` subparsers."""
+    s = sub.add_parser("serve", help="start the Prefect server + worker and the MLflow server (Ctrl-C stops)",
+                       description="Start a Prefect server, a Prefect worker (pool mlm-process) and an MLflow "
+                                   "tracking server; loopback only unless --host and credentials are given.")
+    s.add_argument("--workdir", default=".mlm", help="state, databases and logs go here (default .mlm)")
+    s.add_argument("--prefect-port", type=int, default=4200, help="Prefect API + UI port (default 4200)")
+    s.add_argument("--mlflow-port", type=int, default=5000, help="MLflow tracking server port (default 5000)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="bind address (default 127.0.0.1); anything else requires --auth-file or $" + AUTH_ENV)
+    s.add_argument("--pool", default=POOL, help=f"Prefect work pool the worker serves (default {POOL})")
+    s.add_argument("--auth-file", metavar="FILE",
+                   help=f"file with one line 'user:password' (password >= {MIN_PASSWORD} chars): Prefect basic "
+                        "auth + MLflow basic-auth app; alternatively export " + AUTH_ENV)
+    s.add_argument("--require-auth", action="store_true", help="turn authentication on even on loopback")
+    s.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for everything to answer")
+    s.add_argument("--check", action="store_true",
+                   help="only report whether the servers and the worker answer (exit 0 if all up, 1 otherwise)")
+    s.set_defaults(func=cmd_serve)
+
+    d = sub.add_parser("deploy", help="create the work pool and apply deployments/prefect.yaml to a Prefect server")
+    d.add_argument("--api-url", help="Prefect API URL (default: $PREFECT_API_URL), e.g. http://127.0.0.1:4200/api")
+    d.add_argument("--pool", default=POOL, help=f"work pool for every deployment (default {POOL})")
+    d.add_argument("--schedule", action="store_true",
+                   help="deploy the nightly schedules ACTIVE (default: present but inactive)")
+    d.add_argument("--write-yaml", action="store_true",
+                   help="regenerate deployments/prefect.yaml from flows/pipeline.py (pipeline + STAGE_FLOWS), then exit")
+    d.set_defaults(func=_cmd_deploy)
+
+
+def _cmd_deploy(args) -> int:
+    from flows.deploy import cmd_deploy
+    return cmd_deploy(args)

@@ -1,0 +1,384 @@
+"""The shards stage and its reader: row layout, word starts, split, integrity checks, zero-copy, HF interop."""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+from mlm_core.configio import load_config
+from mlm_core.errors import StageError
+from mlm_core.shards import ShardDataset, ShardIntegrityError, as_hf_dataset, run_shards
+from mlm_core.shards import reader as reader_mod
+from mlm_core.store import MANIFEST, Artifact, write_json_atomic
+
+SENTENCES = {
+    "en": ["The quick brown fox jumps over the lazy dog.", "Unbelievably, the photographers disappeared yesterday.",
+           "My grandmother bakes extraordinary strawberry cakes.", "Is the library open on Sundays?",
+           "Internationalization requires careful engineering."],
+    "fr": ["Le café était très chaud ce matin.", "Les enfants jouent dans le jardin après l'école.",
+           "Où se trouve la bibliothèque municipale ?", "Nous avons mangé des crêpes délicieuses.",
+           "L'anticonstitutionnalité de la loi fut débattue."],
+    "ru": ["Москва — столица России.", "Сегодня очень холодная погода.", "Я читаю интересную книгу по вечерам.",
+           "Достопримечательности города впечатляют туристов.", "Где находится ближайшая станция метро?"],
+    "ar": ["القطة تنام على الكرسي.", "ذهبنا إلى السوق يوم الجمعة.", "المكتبة مفتوحة كل يوم.",
+           "يحب الأطفال اللعب في الحديقة.", "هل تتكلم العربية؟"],
+    "hi": ["मैं आज बाज़ार जा रहा हूँ।", "बच्चे पार्क में खेल रहे हैं।", "यह किताब बहुत दिलचस्प है।",
+           "दिल्ली भारत की राजधानी है।", "क्या आप चाय पीना चाहेंगे?"],
+    "zh": ["我们今天去公园散步。", "这本书非常有意思。", "北京是中国的首都。", "孩子们在花园里玩耍。", "你喜欢喝茶吗？"],
+}
+LANGS = sorted(SENTENCES)
+BERT = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+ROBERTA = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+
+
+def make_docs(lang: str, n: int = 40) -> list[str]:
+    rng = random.Random(lang)
+    sep = "" if lang == "zh" else " "
+    docs = []
+    for i in range(n):
+        k = 12 if i % 9 == 0 else rng.randint(1, 3)        # every 9th document is long (spans rows)
+        docs.append(sep.join(rng.choice(SENTENCES[lang]) for _ in range(k)) + f"{sep}{i}")
+    return docs
+
+
+def all_docs() -> dict[str, list[str]]:
+    return {lang: make_docs(lang) for lang in LANGS}
+
+
+def train_tokenizer(kind: str) -> Tokenizer:
+    texts = [d for docs in all_docs().values() for d in docs]
+    if kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+        tok.normalizer = normalizers.NFKC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(r"\p{Han}"), behavior="isolated"), pre_tokenizers.BertPreTokenizer()])
+        trainer = trainers.WordPieceTrainer(vocab_size=400, min_frequency=2, special_tokens=BERT,
+                                            continuing_subword_prefix="##", show_progress=False)
+    else:
+        tok = Tokenizer(models.BPE())
+        tok.normalizer = normalizers.NFKC()
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        trainer = trainers.BpeTrainer(vocab_size=400, min_frequency=2, special_tokens=ROBERTA,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    tok.enable_truncation(max_length=16)        # a saved tokenizer.json may carry these: the stage must undo them
+    return tok
+
+
+def tokenizer_artifact(root: Path, kind: str) -> Artifact:
+    tok = train_tokenizer(kind)
+    d = root / f"tok-{kind}"
+    d.mkdir(parents=True)
+    tok.save(str(d / "tokenizer.json"))
+    specials = BERT if kind == "wordpiece" else ROBERTA
+    roles = (["pad", "unk", "cls", "sep", "mask"] if kind == "wordpiece" else ["cls", "pad", "sep", "unk", "mask"])
+    manifest = {"vocab_size": tok.get_vocab_size(with_added_tokens=True), "algorithm": kind,
+                "special_tokens": {r: {"token": t, "id": i} for i, (r, t) in enumerate(zip(roles, specials))}}
+    return Artifact("tokenizer", f"tok{kind}", d, manifest)
+
+
+def normalize_artifact(root: Path, docs: dict[str, list[str]]) -> Artifact:
+    d = root / "normalize"
+    (d / "docs").mkdir(parents=True)
+    for lang, texts in docs.items():
+        tbl = pa.table({"doc_id": pa.array(range(len(texts)), pa.int64()), "lang": pa.array([lang] * len(texts)),
+                        "text": pa.array(texts, pa.string()), "n_chars": pa.array([len(t) for t in texts], pa.int32()),
+                        "hash": pa.array([hashlib.md5(t.encode()).hexdigest() for t in texts], pa.string())})
+        pq.write_table(tbl, d / "docs" / f"{lang}.parquet")
+    return Artifact("normalize", "normfp", d, {"languages": {k: {"docs": len(v)} for k, v in docs.items()}})
+
+
+def config(root: Path, langs, **shards):
+    src = root / "unused.txt"
+    src.write_text("x\n")
+    return load_config(raw={"sources": {lang: {"paths": [str(src)]} for lang in langs},
+                            "shards": {"seq_len": 32, "rows_per_shard": 7, "workers": 1, "validation_fraction": 0.2,
+                                       **shards}})
+
+
+def build(root: Path, kind: str = "wordpiece", docs=None, tok_art: Artifact | None = None,
+          **shards) -> tuple[Path, dict, Artifact]:
+    docs = docs if docs is not None else all_docs()
+    root.mkdir(parents=True, exist_ok=True)
+    tok_art = tok_art or tokenizer_artifact(root, kind)
+    norm = normalize_artifact(root, docs)
+    out = root / "shards"
+    out.mkdir()
+    manifest = run_shards(config(root, list(docs), **shards), {"normalize": norm, "tokenizer": tok_art}, out)
+    write_json_atomic(out / MANIFEST, {**manifest, "fingerprint": "shardfp"})
+    return out, manifest, tok_art
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return {kind: build(tmp_path_factory.mktemp(kind), kind) for kind in ("wordpiece", "bpe")}
+
+
+def read_rows(out: Path, rel: str) -> dict[str, np.ndarray]:
+    with pa.memory_map(str(out / rel)) as src:
+        batch = ipc.open_stream(src).read_next_batch()
+        seq = batch.schema.field("input_ids").type.list_size
+        return {c: batch.column(c).values.to_numpy().reshape(-1, seq).copy() for c in batch.schema.names}
+
+
+def split_of(text: str, fraction: float = 0.2) -> str:
+    return "validation" if int(hashlib.md5(text.encode()).hexdigest()[:8], 16) / 2**32 < fraction else "train"
+
+
+# ------------------------------------------------------------------------------------------------ layout
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
+def test_rows_are_packed_documents(built, kind):
+    out, m, tok_art = built[kind]
+    sp = {r: e["id"] for r, e in tok_art.manifest["special_tokens"].items()}
+    tok = Tokenizer.from_file(str(tok_art.path / "tokenizer.json"))
+    tok.no_truncation()
+    docs = all_docs()
+    assert m["seq_len"] == 32 and m["dtype"] == "uint16" and m["vocab_size"] == tok.get_vocab_size()
+    assert m["tokenizer_fingerprint"] == tok_art.fingerprint
+    for split in ("train", "validation"):
+        for lang in LANGS:
+            files = sorted(s["file"] for s in m["shards"] if s["split"] == split and s["lang"] == lang)
+            assert files and all(f.startswith(f"{split}/{lang}-") for f in files)
+            rows = [read_rows(out, f) for f in files]
+            assert all(len(r["input_ids"]) <= 7 for r in rows) and all(len(r["input_ids"]) == 7 for r in rows[:-1])
+            ids, seg, ws = (np.concatenate([r[c] for r in rows]) for c in ("input_ids", "segment_ids", "word_start"))
+            assert ids.dtype == np.uint16 and seg.dtype == np.uint8 and ws.dtype == np.uint8
+            assert ids.shape[1] == 32 and (ids < m["vocab_size"]).all()
+            assert (ids[:, 0] == sp["cls"]).all() and (seg[:, 0] == 1).all() and (ws[:, 0] == 0).all()
+            # padding only at the end of the last row, with segment 0
+            pad = ids == sp["pad"]
+            assert not pad[:-1].any() and ((seg == 0) == pad).all()
+            # the content of the rows is exactly this language's documents of this split, each ending in [SEP]
+            expected = [d for d in docs[lang] if split_of(d) == split]
+            enc = tok.encode_batch(expected, add_special_tokens=False)
+            stream = np.concatenate([np.r_[e.ids, sp["sep"]] for e in enc])
+            content = ids[:, 1:].reshape(-1)
+            assert (content[:len(stream)] == stream).all() and (content[len(stream):] == sp["pad"]).all()
+            assert sum(s["tokens"] for s in m["shards"] if s["file"] in files) == len(stream) + len(ids)
+            # segment ids: start at 1 in each row, +1 after each [SEP]
+            is_sep = ids[:, 1:] == sp["sep"]
+            exp_seg = 1 + np.concatenate([np.zeros((len(ids), 1), int), np.cumsum(is_sep, 1)[:, :-1]], 1)
+            assert (np.where(pad[:, 1:], 0, exp_seg) == seg[:, 1:]).all()
+            check_word_starts(tok, kind, expected, enc, ids, ws, sp)
+
+
+def check_word_starts(tok, kind, texts, enc, ids, ws, sp):
+    """Independent of Encoding.word_ids: a token belongs to the pre-token (word) whose span holds its start offset."""
+    exp = []
+    for text, e in zip(texts, enc):
+        starts = [a for _, (a, _) in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(text))]
+        word_of = [bisect.bisect_right(starts, a) - 1 for a, _ in e.offsets]
+        exp.append(np.r_[1, np.diff(word_of) != 0].astype(np.uint8))
+        if kind == "wordpiece":
+            assert exp[-1].tolist() == [0 if t.startswith("##") else 1 for t in e.tokens]
+    exp_stream = np.concatenate([np.r_[x, 0] for x in exp])          # 0 for each document's [SEP]
+    width = ids.shape[1] - 1
+    got = ws[:, 1:].reshape(-1)[:len(exp_stream)]
+    not_row_first = np.arange(len(exp_stream)) % width != 0
+    assert (got[not_row_first] == exp_stream[not_row_first]).all()
+    # the first token of every row is a start (a continued word gets its own group), unless it is a [SEP]
+    assert (ws[:, 1] == ((ids[:, 1] != sp["sep"]) & (ids[:, 1] != sp["pad"]))).all()
+    # words really are split into several tokens here, and each such word has exactly one start
+    multi = sum(int((np.diff(np.flatnonzero(np.r_[x, 1])) >= 2).sum()) for x in exp)
+    assert multi >= 3
+
+
+# ------------------------------------------------------------------------------------------------ split
+def test_split_is_deterministic_and_every_language_has_both(built, tmp_path):
+    out, m, tok_art = built["wordpiece"]       # (tokenizer training itself is not deterministic: reuse it)
+    out2, m2, _ = build(tmp_path / "again", "wordpiece", tok_art=tok_art)
+    assert [(s["file"], s["sha256"]) for s in m["shards"]] == [(s["file"], s["sha256"]) for s in m2["shards"]]
+    docs = all_docs()
+    for lang in LANGS:
+        n_val = sum(split_of(d) == "validation" for d in docs[lang])
+        assert m["languages"][lang]["docs_validation"] == n_val > 0
+        assert m["languages"][lang]["docs_train"] == len(docs[lang]) - n_val
+        assert m["languages"][lang]["rows_train"] > 0 and m["languages"][lang]["rows_validation"] > 0
+
+
+def test_at_least_one_validation_doc_is_the_smallest_hash(tmp_path):
+    docs = {lang: make_docs(lang, 6) for lang in ("en", "zh")}
+    out, m, _ = build(tmp_path, "wordpiece", docs=docs, validation_fraction=0.001)
+    for lang, texts in docs.items():
+        assert m["languages"][lang]["docs_validation"] == 1
+        smallest = min(texts, key=lambda t: hashlib.md5(t.encode()).hexdigest())
+        ds = ShardDataset(out)
+        row = ds.input_ids("validation", lang)[0]
+        tok = Tokenizer.from_file(str(tmp_path / "tok-wordpiece" / "tokenizer.json"))
+        tok.no_truncation()
+        ids = tok.encode(smallest, add_special_tokens=False).ids
+        assert row[1:1 + min(len(ids), 31)].tolist() == ids[:31]
+
+
+def test_worker_processes_write_the_same_shards(built, tmp_path):
+    _, m, tok_art = built["bpe"]
+    _, m2, _ = build(tmp_path, "bpe", tok_art=tok_art, workers=2, batch_docs=7)
+    assert [(s["file"], s["sha256"]) for s in m["shards"]] == [(s["file"], s["sha256"]) for s in m2["shards"]]
+
+
+# ------------------------------------------------------------------------------------------------ manifest
+def test_manifest_and_tables(built):
+    import duckdb
+    out, m, _ = built["bpe"]
+    assert m["dropped_languages"] == [] and m["special_tokens"]["cls"]["id"] == 0 and m["dtype"] == "uint16"
+    assert m["counts"]["docs"] == sum(len(v) for v in all_docs().values())
+    assert m["counts"]["rows"] == sum(s["rows"] for s in m["shards"])
+    for s in m["shards"]:
+        assert (out / s["file"]).stat().st_size == s["bytes"]
+    table = {r["lang"]: r for r in m["sampling"]["table"]}
+    assert set(table) == set(LANGS) and abs(sum(r["p"] for r in table.values()) - 1) < 1e-9
+    assert all(table[lang]["n"] == m["languages"][lang]["tokens_train"] for lang in LANGS)
+    con = duckdb.connect()
+    got = con.sql(f"SELECT lang, p FROM read_parquet('{out / 'sampling.parquet'}') ORDER BY lang").fetchall()
+    assert [g[0] for g in got] == LANGS and abs(sum(g[1] for g in got) - 1) < 1e-9
+    rows = con.sql(f"SELECT sum(rows_train + rows_validation) FROM read_parquet('{out / 'stats.parquet'}')").fetchall()
+    assert rows[0][0] == m["counts"]["rows"]
+
+
+# ------------------------------------------------------------------------------------------------ empty language
+def test_empty_language_errors_by_default(tmp_path):
+    docs = {"en": make_docs("en", 8), "fr": []}
+    with pytest.raises(StageError, match="'fr'.*no documents"):
+        build(tmp_path, "wordpiece", docs=docs)
+
+
+def test_empty_language_dropped_with_a_warning(tmp_path, caplog):
+    docs = {"en": make_docs("en", 8), "fr": []}
+    with caplog.at_level(logging.WARNING, logger="mlm_core.shards.build"):
+        out, m, _ = build(tmp_path, "wordpiece", docs=docs, empty_language="drop")
+    assert "'fr'" in caplog.text and "dropped" in caplog.text
+    assert m["dropped_languages"] == ["fr"] and "fr" not in m["languages"]
+    assert [r["lang"] for r in m["sampling"]["table"]] == ["en"]
+    assert not any(s["lang"] == "fr" for s in m["shards"])
+
+
+# ------------------------------------------------------------------------------------------------ integrity
+@pytest.fixture
+def shard_copy(built, tmp_path, monkeypatch):
+    """A private copy of the BPE shard set; reading any data (memory-mapping a shard) fails the test."""
+    src, m, tok_art = built["bpe"]
+    dst = tmp_path / "copy"
+    shutil.copytree(src, dst)
+
+    def no_read(self, file):
+        raise AssertionError(f"data read before verification: {file}")
+    monkeypatch.setattr(reader_mod.ShardDataset, "_map", no_read)
+    return dst, m
+
+
+def _corrupt_check(path: Path, *patterns: str):
+    with pytest.raises(ShardIntegrityError) as exc:
+        ShardDataset(path, verify="every_open")
+    for p in patterns:
+        assert p in str(exc.value), str(exc.value)
+
+
+def test_flipped_byte_is_a_checksum_mismatch(shard_copy):
+    path, m = shard_copy
+    f = m["shards"][3]["file"]
+    data = bytearray((path / f).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (path / f).write_bytes(bytes(data))
+    _corrupt_check(path, f, "sha256 mismatch")
+
+
+def test_truncated_shard_is_a_size_mismatch(shard_copy):
+    path, m = shard_copy
+    f = m["shards"][-1]["file"]
+    data = (path / f).read_bytes()
+    (path / f).write_bytes(data[:-100])
+    _corrupt_check(path, f, "size mismatch")
+
+
+def test_missing_shard(shard_copy):
+    path, m = shard_copy
+    f = m["shards"][0]["file"]
+    (path / f).unlink()
+    _corrupt_check(path, f, "missing")
+
+
+def test_extra_shard_not_in_manifest(shard_copy):
+    path, m = shard_copy
+    shutil.copy(path / m["shards"][0]["file"], path / "train" / "xx-00000.arrow")
+    _corrupt_check(path, "train/xx-00000.arrow", "extra file")
+
+
+def test_tokenizer_fingerprint_mismatch(shard_copy):
+    path, m = shard_copy
+    with pytest.raises(ShardIntegrityError, match="built with tokenizer tokbpe, expected other"):
+        ShardDataset(path, verify="off", expect_tokenizer_fingerprint="other")
+
+
+def test_verify_once_per_process(built, tmp_path):
+    src, m, tok_art = built["bpe"]
+    path = tmp_path / "once"
+    shutil.copytree(src, path)
+    ShardDataset(path, verify="once", expect_tokenizer_fingerprint=tok_art.fingerprint).close()
+    f = path / m["shards"][0]["file"]
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF
+    f.write_bytes(bytes(data))
+    ShardDataset(path, verify="once").close()          # already verified in this process: not re-read
+    with pytest.raises(ShardIntegrityError, match="sha256 mismatch"):
+        ShardDataset(path, verify="every_open")
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def test_open_and_view_is_zero_copy(built):
+    out, m, _ = built["wordpiece"]
+    ShardDataset(out, verify="every_open").close()      # verification reads files (not Arrow allocations) anyway
+    before = pa.total_allocated_bytes()
+    ds = ShardDataset(out, verify="once")
+    views = [ds.input_ids(s, lang) for s in ("train", "validation") for lang in LANGS]
+    total = sum(v.parts[0].sum(dtype=np.int64) for v in views)     # touch the data
+    assert total > 0
+    assert pa.total_allocated_bytes() - before < 4096
+    v = views[0].parts[0]
+    assert not v.flags.writeable and not v.flags.owndata and v.shape[1] == 32
+    ds.close()
+
+
+def test_get_and_get_batch(built):
+    import torch
+    out, m, _ = built["wordpiece"]
+    with ShardDataset(out) as ds:
+        assert ds.rows_per_lang("train") == {lang: m["languages"][lang]["rows_train"] for lang in LANGS}
+        n = len(ds.input_ids("train", "fr"))
+        assert n > 7                                   # spans more than one shard file
+        idx = np.array([n - 1, 0, 8, 3, 8])
+        b = ds.get_batch("train", "fr", idx)
+        assert b["input_ids"].dtype == torch.int64 and b["input_ids"].shape == (5, 32)
+        assert b["segment_ids"].dtype == torch.uint8 and b["word_start"].dtype == torch.bool
+        rows = ds.input_ids("train", "fr")
+        for k, i in enumerate(idx):
+            assert b["input_ids"][k].tolist() == rows[int(i)].tolist()
+        one = ds.get("train", "fr", 8)
+        assert one["input_ids"].shape == (32,) and torch.equal(one["input_ids"], b["input_ids"][2])
+        assert abs(sum(ds.sampling_probs().values()) - 1) < 1e-9
+
+
+def test_as_hf_dataset_is_memory_mapped(built):
+    from datasets import Value
+    out, m, _ = built["wordpiece"]
+    before = pa.total_allocated_bytes()
+    hf = as_hf_dataset(out, split="train")
+    assert pa.total_allocated_bytes() - before < 4096
+    assert hf.num_rows == sum(m["languages"][lang]["rows_train"] for lang in LANGS)
+    assert hf.features["input_ids"].feature == Value("uint16") and hf.features["input_ids"].length == 32
+    fr = as_hf_dataset(out, split="validation", lang="fr")
+    with ShardDataset(out) as ds:
+        assert fr[0]["input_ids"] == ds.input_ids("validation", "fr")[0].tolist()
+        assert fr.num_rows == len(ds.input_ids("validation", "fr"))
+    t = fr.with_format("torch")[0:2]
+    assert t["input_ids"].shape == (2, 32)
