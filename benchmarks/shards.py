@@ -91,3 +91,238 @@ def generate_docs(lang: str, n_bytes: int, seed: int = 0) -> list[str]:
 def hash_str(s: str) -> int:
     import zlib
     return zlib.crc32(s.encode())
+
+
+def write_corpus(root: Path, mb: float, seed: int = 0) -> dict:
+    """docs/<lang>.parquet in the normalize stage's format (doc_id, lang, text, n_chars, hash)."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    docs_dir = root / "normalize" / "docs"
+    docs_dir.mkdir(parents=True, exist_ok=True)
+    per_lang = int(mb * 1e6 / len(LANGS))
+    out = {}
+    for lang in LANGS:
+        texts = generate_docs(lang, per_lang, seed)
+        tbl = pa.table({"doc_id": pa.array(range(len(texts)), pa.int64()), "lang": pa.array([lang] * len(texts)),
+                        "text": pa.array(texts, pa.string()),
+                        "n_chars": pa.array([len(t) for t in texts], pa.int32()),
+                        "hash": pa.array([hashlib.md5(t.encode()).hexdigest() for t in texts], pa.string())})
+        pq.write_table(tbl, docs_dir / f"{lang}.parquet", compression="zstd", row_group_size=20_000)
+        out[lang] = {"docs": len(texts), "bytes": sum(len(t.encode()) for t in texts)}
+    return out
+
+
+def sample_texts(root: Path, mb: float) -> list[str]:
+    """A language-balanced sample of about ``mb`` MB from the corpus."""
+    import pyarrow.parquet as pq
+    texts, per_lang = [], mb * 1e6 / len(LANGS)
+    for lang in LANGS:
+        n = 0
+        for t in pq.read_table(root / "normalize" / "docs" / f"{lang}.parquet", columns=["text"]).column(0).to_pylist():
+            if n >= per_lang:
+                break
+            texts.append(t)
+            n += len(t.encode())
+    return texts
+
+
+def all_texts(root: Path) -> list[str]:
+    import pyarrow.parquet as pq
+    return [t for lang in LANGS
+            for t in pq.read_table(root / "normalize" / "docs" / f"{lang}.parquet", columns=["text"]).column(0).to_pylist()]
+
+
+def dir_bytes(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+# ----------------------------------------------------------------------------------------- jobs (subprocesses)
+def _artifacts(root: Path):
+    from mlm_core.store import Artifact
+    tok_dir = root / "tokenizer"
+    manifest = json.loads((tok_dir / "manifest.json").read_text())
+    return (Artifact("normalize", "bench-normalize", root / "normalize", {}),
+            Artifact("tokenizer", "bench-tokenizer", tok_dir, manifest))
+
+
+def job_ours(root: Path, seq_len: int, workers: int) -> dict:
+    from mlm_core.configio import load_config
+    from mlm_core.shards import run_shards
+    norm, tok = _artifacts(root)
+    out = root / f"ours-w{workers}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    lc = load_config(raw={"sources": {lang: {"paths": [str(Path(__file__).resolve())]} for lang in LANGS},
+                          "shards": {"seq_len": seq_len, "workers": workers}})
+    t0 = time.perf_counter()
+    m = run_shards(lc, {"normalize": norm, "tokenizer": tok}, out)
+    dt = time.perf_counter() - t0
+    content = sum(p[f"content_tokens_{s}"] for p in m["languages"].values() for s in ("train", "validation"))
+    return {"seconds": dt, "tokens": content, "rows": m["counts"]["rows"], "out_bytes": dir_bytes(out)}
+
+
+def job_encode(root: Path) -> dict:
+    from tokenizers import Tokenizer
+
+    from mlm_core.shards.build import prepare_tokenizer
+    tok = prepare_tokenizer(Tokenizer.from_file(str(root / "tokenizer" / "tokenizer.json")))
+    texts = all_texts(root)
+    t0 = time.perf_counter()
+    n = 0
+    for i in range(0, len(texts), 2000):
+        n += sum(len(e) for e in tok.encode_batch(texts[i:i + 2000], add_special_tokens=False))
+    return {"seconds": time.perf_counter() - t0, "tokens": n, "rows": 0, "out_bytes": 0}
+
+
+def job_hf(root: Path, seq_len: int, workers: int) -> dict:
+    """run_mlm.py (transformers examples, line_by_line=False): tokenize, group_texts, save_to_disk."""
+    os.environ["HF_DATASETS_CACHE"] = str(root / "hf-cache")
+    shutil.rmtree(root / "hf-cache", ignore_errors=True)
+    out = root / "hf-saved"
+    shutil.rmtree(out, ignore_errors=True)
+    from itertools import chain
+
+    import numpy as np
+    from datasets import load_dataset
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+    tok_obj = Tokenizer.from_file(str(root / "tokenizer" / "tokenizer.json"))
+    sp = {r: e["token"] for r, e in json.loads((root / "tokenizer" / "manifest.json").read_text())["special_tokens"].items()}
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok_obj, pad_token=sp["pad"], unk_token=sp["unk"],
+                                     cls_token=sp["cls"], sep_token=sp["sep"], mask_token=sp["mask"],
+                                     model_max_length=10**9)
+    t0 = time.perf_counter()
+    files = [str(root / "normalize" / "docs" / f"{lang}.parquet") for lang in LANGS]
+    raw = load_dataset("parquet", data_files=files, split="train")
+
+    def tokenize(examples):
+        return hf_tok(examples["text"], return_special_tokens_mask=True)
+
+    tokenized = raw.map(tokenize, batched=True, num_proc=workers, remove_columns=raw.column_names)
+
+    def group_texts(examples):
+        # run_mlm.py's group_texts, except that the last partial block is kept (so token counts compare)
+        concatenated = {k: list(chain(*examples[k])) for k in examples.keys()}
+        total = len(concatenated[list(examples.keys())[0]])
+        return {k: [t[i: i + seq_len] for i in range(0, total, seq_len)] for k, t in concatenated.items()}
+
+    grouped = tokenized.map(group_texts, batched=True, num_proc=workers)
+    grouped.save_to_disk(str(out))
+    dt = time.perf_counter() - t0
+    n = rows = 0
+    for batch in grouped.with_format("numpy").iter(batch_size=10_000):
+        stm = batch["special_tokens_mask"]
+        flat = np.concatenate(list(stm)) if stm.dtype == object else stm.reshape(-1)
+        n += int((flat == 0).sum())
+        rows += len(stm)
+    return {"seconds": dt, "tokens": n, "rows": rows, "out_bytes": dir_bytes(out),
+            "cache_bytes": dir_bytes(root / "hf-cache")}
+
+
+def run_job(root: Path, job: str, args) -> dict:
+    """Run one job in a fresh interpreter; peak RSS = max over time of the summed RSS of its process tree."""
+    import psutil
+    cmd = [sys.executable, __file__, "--job", job, "--out", str(root), "--seq-len", str(args.seq_len),
+           "--workers", str(args.workers)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    ps = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            procs = [ps] + ps.children(recursive=True)
+            peak = max(peak, sum(p.memory_info().rss for p in procs if p.is_running()))
+        except psutil.Error:
+            pass
+        time.sleep(0.05)
+    out = proc.stdout.read()
+    if proc.returncode:
+        raise SystemExit(f"job {job} failed (rc={proc.returncode}):\n{out}")
+    res = json.loads(out.strip().splitlines()[-1])
+    res["peak_rss"] = peak
+    return res
+
+
+# ----------------------------------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=float, default=80.0, help="corpus size (MB of UTF-8 text)")
+    ap.add_argument("--out", default="bench-out/shards", help="scratch folder (deleted and rewritten)")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=16_000)
+    ap.add_argument("--workers", type=int, default=2, help="processes for (a) and num_proc for (c)")
+    ap.add_argument("--repeat", type=int, default=1, help="run each job this many times (interleaved), keep the best")
+    ap.add_argument("--skip-train-speed", action="store_true", help="skip the tokenizer training-speed table")
+    ap.add_argument("--job", choices=["ours", "ours1", "encode", "hf"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    root = Path(args.out).resolve()
+
+    if args.job:
+        res = {"ours": lambda: job_ours(root, args.seq_len, args.workers),
+               "ours1": lambda: job_ours(root, args.seq_len, 1),
+               "encode": lambda: job_encode(root),
+               "hf": lambda: job_hf(root, args.seq_len, args.workers)}[args.job]()
+        print(json.dumps(res))
+        return
+
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    t0 = time.perf_counter()
+    corpus = write_corpus(root, args.mb)
+    nbytes = sum(c["bytes"] for c in corpus.values())
+    print(f"corpus: {nbytes / 1e6:.1f} MB, {sum(c['docs'] for c in corpus.values())} docs, "
+          f"{len(LANGS)} languages ({', '.join(LANGS)}), written in {time.perf_counter() - t0:.1f} s")
+
+    from mlm_core.config import TokenizerConfig
+    from mlm_core.tokenizer.build import special_ids, train, train_seconds_per_mb
+    t0 = time.perf_counter()
+    tok = train(TokenizerConfig(algorithm="bpe", vocab_size=args.vocab), sample_texts(root, 5))
+    tdir = root / "tokenizer"
+    tdir.mkdir()
+    tok.save(str(tdir / "tokenizer.json"))
+    (tdir / "manifest.json").write_text(json.dumps({
+        "vocab_size": tok.get_vocab_size(with_added_tokens=True), "algorithm": "bpe",
+        "special_tokens": {r: {"token": t, "id": i} for r, (t, i) in special_ids("bert").items()}}))
+    print(f"tokenizer: byte-level BPE, vocab {tok.get_vocab_size()}, trained on 5 MB in {time.perf_counter() - t0:.1f} s")
+
+    jobs = [("(a) ours: run_shards, %d procs" % args.workers, "ours"), ("(a1) ours: run_shards, 1 proc + rayon", "ours1"),
+            ("(b) encode_batch (limit)", "encode"), ("(c) HF run_mlm.py way", "hf")]
+    res: dict[str, dict] = {}
+    for rep in range(args.repeat):          # interleaved repeats, best kept: the box may be shared
+        for label, job in jobs:
+            r = run_job(root, job, args)
+            print(f"  ran {label}: {r['seconds']:.1f} s, peak RSS {r['peak_rss'] / 2**20:.0f} MB", flush=True)
+            if job not in res or r["seconds"] < res[job]["seconds"]:
+                res[job] = {**r, "peak_rss": max(r["peak_rss"], res.get(job, {}).get("peak_rss", 0))}
+
+    print(f"\n{args.mb:.0f} MB, seq_len {args.seq_len}, {os.cpu_count()} cores, workers/num_proc {args.workers}, "
+          f"best of {args.repeat}; load average now {os.getloadavg()[0]:.2f}\n")
+    print(f"| {'job':40} | {'s':>6} | {'MB/s':>6} | {'Mtok/s':>6} | {'peak RSS MB':>11} | {'output MB':>9} | {'tokens':>11} |")
+    print(f"|{'-' * 42}|{'-' * 8}|{'-' * 8}|{'-' * 8}|{'-' * 13}|{'-' * 11}|{'-' * 13}|")
+    for label, job in jobs:
+        r = res[job]
+        extra = f" (+{r['cache_bytes'] / 1e6:.0f} MB cache)" if "cache_bytes" in r else ""
+        print(f"| {label:40} | {r['seconds']:6.1f} | {nbytes / 1e6 / r['seconds']:6.2f} | "
+              f"{r['tokens'] / 1e6 / r['seconds']:6.2f} | {r['peak_rss'] / 2**20:11.0f} | "
+              f"{r['out_bytes'] / 1e6:9.1f} | {r['tokens']:11d} |{extra}")
+    a, a1, b, c = res["ours"], res["ours1"], res["encode"], res["hf"]
+    tput = lambda r: r["tokens"] / r["seconds"]  # noqa: E731
+    print()
+    print(f"(a)/(b) throughput  {tput(a) / tput(b):.2f}   target >= 0.9   (a1)/(b) {tput(a1) / tput(b):.2f}")
+    print(f"(a)/(c) throughput  {tput(a) / tput(c):.2f}   target >= 1.1   (a1)/(c) {tput(a1) / tput(c):.2f}")
+    print(f"(c)/(a) output size {c['out_bytes'] / a['out_bytes']:.1f}    target >= 8")
+    print(f"tokens (a) {a['tokens']} vs (c) {c['tokens']} vs (b) {b['tokens']}: "
+          f"{'equal' if a['tokens'] == c['tokens'] == b['tokens'] else 'DIFFERENT'}")
+
+    if not args.skip_train_speed:
+        sample = sample_texts(root, 2)
+        mb = sum(len(t.encode()) for t in sample) / 1e6
+        print(f"\ntokenizer training on a {mb:.1f} MB sample, vocab 8000:")
+        for algo in ("bpe", "wordpiece", "unigram"):
+            print(f"  {algo:10} {train_seconds_per_mb(algo, sample, 8000):6.2f} s/MB", flush=True)
+
+
+if __name__ == "__main__":
+    main()

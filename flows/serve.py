@@ -287,6 +287,7 @@ class Plan:
                            encoding="utf-8")
             env["MLFLOW_AUTH_CONFIG_PATH"] = str(ini)
             env["MLFLOW_AUTH_ADMIN_USERNAME"], env["MLFLOW_AUTH_ADMIN_PASSWORD"] = user, password
+            env.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", _secret_key(self.workdir / "mlflow-secret-key"))
             cmd += ["--app-name", "basic-auth"]
         return Child("mlflow server", cmd, env, self.workdir / "logs" / "mlflow-server.log")
 
@@ -298,6 +299,17 @@ class Plan:
     @property
     def worker_name(self) -> str:
         return f"mlm-worker-{self.prefect_port}"
+
+
+def _secret_key(path: Path) -> str:
+    """The CSRF key MLflow's basic-auth app requires: made once per workdir (0600), stable across restarts."""
+    if not path.exists():
+        import secrets
+
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+    return path.read_text().strip()
 
 
 # ------------------------------------------------------------------------------------- checks

@@ -134,6 +134,109 @@ class ShardsConfig(Section):
         default="once", description="When readers verify shard size and sha256 against the manifest.")
 
 
+class ModelConfig(Section):
+    """Encoder architecture (BERT/RoBERTa family). A named size fills every field left unset."""
+
+    size: Literal["tiny", "small", "base"] = Field(
+        default="tiny", description="Named shape (mlm_core.model.SIZES): tiny trains in seconds on CPU, base = BERT-base.")
+    layers: int | None = Field(default=None, ge=1, description="Transformer layers (default: from size).")
+    hidden: int | None = Field(default=None, ge=8, description="Hidden size (default: from size).")
+    heads: int | None = Field(default=None, ge=1, description="Attention heads; must divide hidden (default: from size).")
+    ffn: int | None = Field(default=None, ge=8, description="Feed-forward inner size (default: 4 x hidden).")
+    dropout: float = Field(default=0.1, ge=0, lt=1, description="Dropout on embeddings, attention output and FFN.")
+    max_positions: int = Field(default=512, ge=8, description="Maximum sequence length the position table covers.")
+    position: Literal["learned", "sinusoidal", "rotary"] = Field(
+        default="learned", description="Position encoding. sinusoidal exports as a fixed learned table; rotary does not export to BERT.")
+    norm: Literal["post", "pre"] = Field(default="post", description="post-LN = BERT (exports); pre-LN trains more stably, no BERT export.")
+    tie_embeddings: bool = Field(default=True, description="Tie the MLM output projection to the input embeddings.")
+
+    @model_validator(mode="after")
+    def _heads(self) -> "ModelConfig":
+        if self.hidden is not None and self.heads is not None and self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        return self
+
+
+class MaskingConfig(Section):
+    """Which tokens are corrupted and how (BERT 80/10/10; token, whole-word or SpanBERT span masking)."""
+
+    strategy: Literal["token", "whole_word", "span"] = Field(default="token", description="Unit of selection.")
+    rate: float = Field(default=0.15, gt=0, lt=1, description="Selection rate p (share of non-special tokens), for the constant schedule.")
+    mask_token_prob: float = Field(default=0.8, ge=0, le=1, description="Selected tokens replaced by [MASK].")
+    random_token_prob: float = Field(default=0.1, ge=0, le=1, description="Selected tokens replaced by a random non-special token; the rest stay unchanged.")
+    mode: Literal["static", "dynamic"] = Field(
+        default="dynamic", description="static: fixed per sequence (seeded by sequence id); dynamic: new each time a sequence is drawn.")
+    schedule: Literal["constant", "linear", "cosine", "cyclical"] = Field(
+        default="constant", description="Masking-rate schedule over training: linear/cosine go rate_max -> rate_min; "
+        "cyclical: p(t) = rate_min + (rate_max - rate_min) * |sin(2 pi t / period)|.")
+    rate_min: float = Field(default=0.10, gt=0, lt=1, description="Lowest rate for the non-constant schedules.")
+    rate_max: float = Field(default=0.30, gt=0, lt=1, description="Highest rate for the non-constant schedules.")
+    period: int = Field(default=1000, ge=1, description="Cyclical schedule period T (steps).")
+    span_p: float = Field(default=0.2, gt=0, lt=1, description="Span lengths ~ Geometric(span_p) (SpanBERT: 0.2, mean 1/p = 5).")
+    span_max: int = Field(default=10, ge=1, description="Span lengths are clipped at this many tokens (words when extended).")
+
+    @model_validator(mode="after")
+    def _parts(self) -> "MaskingConfig":
+        if self.mask_token_prob + self.random_token_prob > 1 + 1e-9:
+            raise ValueError(f"mask_token_prob + random_token_prob = {self.mask_token_prob + self.random_token_prob:g} "
+                             "exceeds 1 (the remainder is kept unchanged)")
+        if self.rate_min > self.rate_max:
+            raise ValueError(f"rate_min ({self.rate_min}) must be <= rate_max ({self.rate_max})")
+        return self
+
+
+class ElectraConfig(Section):
+    """ELECTRA replaced-token detection: a small MLM generator feeds a discriminator over all tokens."""
+
+    generator_fraction: float = Field(default=0.25, gt=0, le=1, description="Generator hidden/FFN size as a fraction of the discriminator's.")
+    disc_weight: float = Field(default=50.0, gt=0, description="Weight λ of the discriminator loss (ELECTRA: 50).")
+
+
+class DistributedConfig(Section):
+    """Multi-process training through torchrun (gloo on CPU, nccl on GPU)."""
+
+    nproc_per_node: int = Field(default=1, ge=1, description="Processes per node; 1 = run in-process without torchrun.")
+    nnodes: int = Field(default=1, ge=1, description="Nodes (multi-node uses the rendezvous below).")
+    node_rank: int = Field(default=0, ge=0, description="This node's rank (static rendezvous).")
+    rdzv_endpoint: str | None = Field(default=None, description="host:port of the rendezvous (multi-node), e.g. 10.0.0.1:29400.")
+    rdzv_backend: Literal["c10d", "static"] = Field(default="c10d", description="torchrun rendezvous backend.")
+    backend: Literal["auto", "gloo", "nccl"] = Field(default="auto", description="auto: nccl on GPU, gloo on CPU.")
+    fsdp: bool = Field(default=False, description="Shard parameters with FSDP2 (fully_shard) for models that do not fit one device.")
+    timeout_s: int = Field(default=600, ge=10, description="Collective timeout; a hung rank fails the stage after this.")
+
+
+class PretrainConfig(Section):
+    """Masked-language-model pretraining."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Encoder architecture.")
+    masking: MaskingConfig = Field(default_factory=MaskingConfig, description="Corruption of the input.")
+    objective: Literal["mlm", "electra"] = Field(default="mlm", description="mlm, or ELECTRA replaced-token detection.")
+    electra: ElectraConfig = Field(default_factory=ElectraConfig, description="ELECTRA options (objective: electra).")
+    label_smoothing: float = Field(default=0.0, ge=0, lt=1, description="Label smoothing ε of the MLM cross-entropy.")
+    steps: int = Field(default=200, ge=1, description="Optimizer steps.")
+    batch_size: int = Field(default=32, ge=1, description="Sequences per micro-batch per process.")
+    grad_accum: int = Field(default=1, ge=1, description="Micro-batches accumulated per optimizer step.")
+    lr: float = Field(default=5e-4, gt=0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(default=0.01, ge=0, description="AdamW weight decay (never on norms and biases).")
+    betas: tuple[float, float] = Field(default=(0.9, 0.98), description="AdamW betas.")
+    warmup_steps: int = Field(default=20, ge=0, description="Linear warmup steps.")
+    decay: Literal["linear", "cosine", "constant"] = Field(default="linear", description="Learning-rate decay after warmup.")
+    clip_norm: float | None = Field(default=1.0, gt=0, description="Gradient clipping max norm (None: off).")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto", description="auto: bf16 autocast on GPU, fp32 on CPU (bf16 matmul is ~150x slower on these CPUs).")
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: cuda when available.")
+    log_every: int = Field(default=10, ge=1, description="Steps between metric logs (loss, lr, masking rate, tokens/s, MFU).")
+    eval_every: int = Field(default=100, ge=1, description="Steps between per-language validation passes.")
+    eval_batches: int = Field(default=4, ge=1, description="Validation batches per language per pass.")
+    checkpoint_every: int = Field(default=100, ge=1, description="Steps between checkpoints (one more at the end).")
+    keep_checkpoints: int = Field(default=2, ge=1, description="Complete checkpoints kept (oldest deleted).")
+    peak_flops: float | None = Field(
+        default=None, gt=0, description="Declared peak FLOP/s per process for the MFU estimate (default: 175e9 on CPU, "
+        "989e12 bf16 on H100/H200-class GPUs).")
+    registered_model: str = Field(default="mlm-demo", description="MLflow registered model name for the trained model.")
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="torchrun options.")
+
+
 class TrackingConfig(Section):
     """MLflow tracking: where runs, metrics and artifacts go."""
 
@@ -154,6 +257,7 @@ class PipelineConfig(Section):
     normalize: NormalizeConfig = Field(default_factory=NormalizeConfig, description="The normalize stage.")
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="The tokenizer stage.")
     shards: ShardsConfig = Field(default_factory=ShardsConfig, description="The shards stage.")
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="The pretrain stage.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
 
     @field_validator("sources")
@@ -174,6 +278,9 @@ class PipelineConfig(Section):
         if unknown:
             raise ValueError(f"tokenizer.max_fertility_per_lang: language(s) {unknown} not in sources "
                              f"({', '.join(sorted(self.sources))})")
+        if self.shards.seq_len > self.pretrain.model.max_positions:
+            raise ValueError(f"shards.seq_len ({self.shards.seq_len}) exceeds pretrain.model.max_positions "
+                             f"({self.pretrain.model.max_positions})")
         return self
 
     @property

@@ -137,7 +137,11 @@ def prepare_tokenizer(tok):
 
 
 def encode_texts(tok, texts: list[str], dtype: np.dtype) -> Encoded:
-    encs = tok.encode_batch(texts, add_special_tokens=False)
+    return encodings_to_arrays(tok.encode_batch(texts, add_special_tokens=False), dtype)
+
+
+def encodings_to_arrays(encs: list, dtype: np.dtype) -> Encoded:
+    """Flatten a batch of Encodings (a loop per document; the per-token work is in C)."""
     lens = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
     total = int(lens.sum())
     ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=dtype, count=total)
@@ -446,8 +450,19 @@ def _select(enc: Encoded, sel: np.ndarray) -> Encoded:
 def _encode_stream(tasks, workers: int, tok_file: str, tok, dtype: np.dtype):
     """Yield (lang, Encoded) in task order; at most 2 x workers batches in flight."""
     if workers <= 1:
-        for lang, texts in tasks:
-            yield lang, encode_texts(tok, texts.to_pylist(), dtype)
+        # Pipelined: a thread runs encode_batch (Rust, GIL released, rayon threads) on batch i+1 while this
+        # thread turns batch i into arrays and packs it, so the cores are not idle during the Python work.
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(1) as ex:
+            pending: deque = deque()
+            for lang, texts in tasks:
+                pending.append((lang, ex.submit(tok.encode_batch, texts.to_pylist(), add_special_tokens=False)))
+                if len(pending) >= 2:
+                    lg, fut = pending.popleft()
+                    yield lg, encodings_to_arrays(fut.result(), dtype)
+            while pending:
+                lg, fut = pending.popleft()
+                yield lg, encodings_to_arrays(fut.result(), dtype)
         return
     ctx = mp.get_context("forkserver")
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(tok_file,)) as ex:

@@ -13,6 +13,8 @@ as CLS ... SEP (pairs as CLS A SEP B SEP for bert, <s> A </s></s> B </s> for rob
 """
 from __future__ import annotations
 
+import bisect
+import json
 import time
 from typing import Iterable, Iterator
 
@@ -31,6 +33,8 @@ _ROLE_INDEX = {"bert": {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4},
                "roberta": {"cls": 0, "pad": 1, "sep": 2, "unk": 3, "mask": 4}}
 BATCH = 1000          # texts per batch handed to train_from_iterator
 BYTE_ALPHABET = 256   # byte-level BPE starts from all 256 bytes, whatever the text
+_PENALTY = 1e-4       # the Unigram trainer's score step for characters kept only for coverage
+_GRID_TOL = 1e-10     # scores this close to that grid are coverage characters (real pieces: ~1e-6 odds)
 
 
 class TokenizerError(StageError):
@@ -92,8 +96,9 @@ def build_tokenizer(cfg: TokenizerConfig) -> Tokenizer:
     return tok
 
 
-def make_trainer(cfg: TokenizerConfig):
-    specials = SPECIALS[cfg.special_tokens]
+def make_trainer(cfg: TokenizerConfig, specials: list[str] | None = None):
+    """The trainer for ``cfg.algorithm``; ``specials`` defaults to the style's 5 special tokens."""
+    specials = specials or SPECIALS[cfg.special_tokens]
     if cfg.algorithm == "bpe":
         return trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
                                    special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
@@ -106,27 +111,36 @@ def make_trainer(cfg: TokenizerConfig):
                                    unk_token=special_ids(cfg.special_tokens)["unk"][0], show_progress=False)
 
 
-def alphabet_size(tok: Tokenizer, cfg: TokenizerConfig, texts: Iterable[str]) -> int:
-    """Distinct non-space characters of ``texts`` after the tokenizer's normalizer (256 for byte-level BPE)."""
-    if cfg.algorithm == "bpe":
-        return BYTE_ALPHABET
+def distinct_chars(texts: Iterable[str]) -> set[str]:
     chars: set[str] = set()
     for t in texts:
         chars.update(t)
-    normalized = tok.normalizer.normalize_str("".join(sorted(chars)))
-    return len({c for c in normalized if not c.isspace()})
+    return chars
 
 
-def check_vocab_fits(tok: Tokenizer, cfg: TokenizerConfig, texts: Iterable[str]) -> int:
+def alphabet_size(tok: Tokenizer, cfg: TokenizerConfig, chars: set[str]) -> tuple[int, int]:
+    """(distinct non-space characters after the tokenizer's normalizer, of which ``##c`` continuations too).
+
+    Byte-level BPE always starts from the 256 bytes; WordPiece also needs a ``##c`` per word-internal character.
+    """
+    if cfg.algorithm == "bpe":
+        return BYTE_ALPHABET, 0
+    normalized = {n for c in chars for n in tok.normalizer.normalize_str(c) if not n.isspace()}
+    return len(normalized), (len(continuation_chars(tok, chars)) if cfg.algorithm == "wordpiece" else 0)
+
+
+def check_vocab_fits(tok: Tokenizer, cfg: TokenizerConfig, chars: set[str]) -> int:
     """TokenizerError when ``vocab_size`` cannot hold the sample's alphabet plus the 5 special tokens."""
-    n = alphabet_size(tok, cfg, texts)
+    n, n_cont = alphabet_size(tok, cfg, chars)
     n_special = len(SPECIALS[cfg.special_tokens])
-    if cfg.vocab_size < n + n_special:
-        raise TokenizerError(f"tokenizer.vocab_size={cfg.vocab_size} is smaller than the alphabet ({n} characters) "
-                             f"plus {n_special} special tokens: raise tokenizer.vocab_size to at least {n + n_special}"
+    need = n + n_cont + n_special
+    if cfg.vocab_size < need:
+        cont = f" and {n_cont} ##-continuation tokens" if n_cont else ""
+        raise TokenizerError(f"tokenizer.vocab_size={cfg.vocab_size} is smaller than the alphabet ({n} characters)"
+                             f"{cont} plus {n_special} special tokens: raise tokenizer.vocab_size to at least {need}"
                              + (" (or use algorithm: bpe, whose alphabet is 256 bytes)" if cfg.algorithm != "bpe"
                                 else ""))
-    return n
+    return need
 
 
 def batches(texts: list[str], size: int = BATCH) -> Iterator[list[str]]:
@@ -134,11 +148,83 @@ def batches(texts: list[str], size: int = BATCH) -> Iterator[list[str]]:
         yield texts[i:i + size]
 
 
+def continuation_chars(tok: Tokenizer, chars: set[str]) -> list[str]:
+    """Characters that can continue a word for WordPiece (``##c``), sorted by code point.
+
+    Those are the normalized ``chars`` that the pre-tokenizer keeps inside a word (not spaces,
+    punctuation or CJK ideographs): a superset of the ones actually seen after a first character.
+    """
+    normalized = {n for c in chars for n in tok.normalizer.normalize_str(c) if not n.isspace()}
+    pre = tok.pre_tokenizer
+    return sorted(c for c in normalized if len(pre.pre_tokenize_str("a" + c)) == 1)
+
+
+def _keep_added(tok: Tokenizer, keep: list[str]) -> Tokenizer:
+    """Drop every added token except ``keep`` from the added vocabulary (the model's vocabulary is untouched)."""
+    data = json.loads(tok.to_str())
+    data["added_tokens"] = [a for a in data["added_tokens"] if a["content"] in set(keep)]
+    return Tokenizer.from_str(json.dumps(data, ensure_ascii=False))
+
+
+def canonical_unigram(tok: Tokenizer, n_special: int) -> Tokenizer:
+    """Make a trained Unigram model independent of hash-map iteration order (byte-identical reruns).
+
+    The trainer's scores carry ~1e-13 summation noise (its sentences come out of a hash map in random
+    order), and characters it keeps only for coverage get scores ``min_score - k * 1e-4`` in random order.
+    Here the coverage characters are reassigned those same scores in code-point order, every score is
+    rounded to 1e-5 and pieces are sorted by (score desc, piece): ids no longer depend on the run.
+    """
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    head, rest = vocab[:n_special], vocab[n_special:]
+    single = sorted({sc for t, sc in rest if len(t) == 1})
+
+    def on_grid(x: float) -> bool:
+        i = bisect.bisect_left(single, x - _GRID_TOL)
+        return i < len(single) and single[i] <= x + _GRID_TOL
+
+    run, base = 1, None       # the longest run b, b - d, b - 2d, ... among single-character scores
+    for v in reversed(single):
+        n = 1
+        while on_grid(v - n * _PENALTY):
+            n += 1
+        if n > run:
+            run, base = n, v
+    pieces = [(t, sc) for t, sc in rest]
+    if base is not None:
+        def k_of(sc: float) -> int | None:
+            k = (base - sc) / _PENALTY
+            return round(k) if k > -0.5 and abs(k - round(k)) * _PENALTY <= _GRID_TOL else None
+        members = [(t, k_of(sc)) for t, sc in rest if len(t) == 1 and k_of(sc) is not None]
+        tokens, ks = sorted(t for t, _ in members), sorted(k for _, k in members)
+        reassigned = {t: base - k * _PENALTY for t, k in zip(tokens, ks)}
+        pieces = [(t, reassigned.get(t, sc)) for t, sc in rest]
+    pieces = sorted(((t, round(sc, 5)) for t, sc in pieces), key=lambda p: (-p[1], p[0]))
+    data["model"]["vocab"] = head + [[t, sc] for t, sc in pieces]
+    return Tokenizer.from_str(json.dumps(data, ensure_ascii=False))
+
+
 def train(cfg: TokenizerConfig, texts: list[str]) -> Tokenizer:
-    """Build, check and train a tokenizer on ``texts``; specials are verified at ids 0..4."""
+    """Build, check and train a tokenizer on ``texts``; deterministic; specials verified at ids 0..4.
+
+    Reproducibility: byte-level BPE is deterministic as is (sorted alphabet, ties broken by pair ids).
+    WordPiece is not: the trainer numbers ``##c`` tokens in hash-map order, and merge ties follow those
+    ids. So every ``##c`` is registered up front, in code-point order, as a trainer special token (and
+    removed from the added vocabulary afterwards). Unigram goes through ``canonical_unigram``.
+    """
     tok = build_tokenizer(cfg)
-    check_vocab_fits(tok, cfg, texts)
-    tok.train_from_iterator(batches(texts), make_trainer(cfg), length=len(texts))
+    chars = distinct_chars(texts)
+    check_vocab_fits(tok, cfg, chars)
+    specials = SPECIALS[cfg.special_tokens]
+    if cfg.algorithm == "wordpiece":
+        trainer = make_trainer(cfg, specials + ["##" + c for c in continuation_chars(tok, chars)])
+    else:
+        trainer = make_trainer(cfg)
+    tok.train_from_iterator(batches(texts), trainer, length=len(texts))
+    if cfg.algorithm == "wordpiece":
+        tok = _keep_added(tok, specials)
+    elif cfg.algorithm == "unigram":
+        tok = canonical_unigram(tok, len(specials))
     for role, (token, tid) in special_ids(cfg.special_tokens).items():
         if tok.token_to_id(token) != tid:
             raise TokenizerError(f"special token {token} ({role}) got id {tok.token_to_id(token)}, expected {tid}")

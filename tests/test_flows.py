@@ -1,0 +1,96 @@
+"""The orchestrated pipeline through Prefect (test harness), Great Expectations and a real MLflow (SQLite)."""
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from conftest import write_lines
+from mlm_core import stages
+
+EN = [f"The quick brown fox number {i} jumps over the lazy dog again." for i in range(60)]
+RU = [f"Быстрая лиса номер {i} прыгает через ленивую собаку." for i in range(60)]
+
+
+@pytest.fixture
+def cfg_file(tmp_path):
+    import yaml
+    en = write_lines(tmp_path / "en.txt", EN)
+    ru = write_lines(tmp_path / "ru.txt", RU)
+    raw = {"name": "flowtest", "workdir": str(tmp_path / "work"),
+           "sources": {"en": {"paths": [str(en)]}, "ru": {"paths": [str(ru)]}},
+           "normalize": {"workers": 1}, "tokenizer": {"vocab_size": 300, "heldout_docs": 5, "min_vocab_fraction": 0.1},
+           "shards": {"seq_len": 16, "workers": 1}, "tracking": {"experiment": "flowtest"}}
+    f = tmp_path / "cfg.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    return f
+
+
+def _runs(cfg_file):
+    import mlflow
+    mlflow.set_tracking_uri(f"sqlite:///{cfg_file.parent / 'work' / 'mlflow.db'}")
+    return mlflow.search_runs(experiment_names=["flowtest"], output_format="list", order_by=["attributes.start_time"])
+
+
+def test_pipeline_runs_validates_tracks_and_caches(cfg_file, prefect_harness):
+    from flows.pipeline import normalize_flow, pipeline
+    first = pipeline(config_path=str(cfg_file))
+    assert [r["stage"] for r in first] == list(stages.STAGES)
+    assert not any(r["cache_hit"] for r in first)
+    assert all(r["validation"] == "passed" for r in first)
+
+    runs = _runs(cfg_file)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert sorted(c.data.tags["stage"] for c in children) == sorted(stages.STAGES)
+    norm = next(c for c in children if c.data.tags["stage"] == "normalize")
+    assert norm.data.tags["cache"] == "miss" and norm.data.tags["validation"] == "passed"
+    assert norm.data.params["normalize.min_chars"] == "5"
+    assert norm.data.metrics["en.docs"] == 60
+    import mlflow
+    arts = {a.path for a in mlflow.MlflowClient().list_artifacts(norm.info.run_id, "validation")}
+    assert "validation/result.json" in arts
+    assert norm.inputs.dataset_inputs, "lineage missing"
+    assert str(cfg_file.parent / "work") in norm.info.artifact_uri    # artifacts inside the workdir, not ./mlruns
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    with get_client(sync_client=True) as c:
+        keys = {a.key for a in c.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["normalize-summary", "normalize-stats"])))}
+    assert keys == {"normalize-summary", "normalize-stats"}
+
+    second = pipeline(config_path=str(cfg_file))
+    assert all(r["cache_hit"] for r in second)
+    runs = _runs(cfg_file)
+    assert sum(r.data.tags.get("cache") == "hit" for r in runs) == len(stages.STAGES)
+
+    only = normalize_flow(config_path=str(cfg_file), force=True)
+    assert [(r["stage"], r["cache_hit"]) for r in only] == [("normalize", False)]
+
+
+def test_validation_failure_fails_stage_and_skips_downstream(cfg_file, prefect_harness):
+    from flows.pipeline import pipeline
+    from tasks.validation import ValidationFailed
+    with pytest.raises(ValidationFailed) as e:
+        pipeline(config_path=str(cfg_file), overrides=["normalize.min_docs_per_language=1000"])
+    assert "expect_column_values_to_be_between" in str(e.value) and "docs" in str(e.value)
+    from mlm_core.configio import load_config
+    lc = load_config(cfg_file, ["normalize.min_docs_per_language=1000"])
+    assert [p.status for p in stages.plan(lc).values()][1:] == ["missing"] * (len(stages.STAGES) - 1)
+    failed = [r for r in _runs(cfg_file) if r.data.tags.get("validation") == "failed"]
+    assert failed and failed[-1].data.tags["stage"] == "normalize"
+
+
+def test_unreachable_tracking_server_fails_before_any_work(cfg_file, prefect_harness):
+    from flows.pipeline import run_pipeline
+    from tasks.tracking import TrackingError
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.time()
+    with pytest.raises(TrackingError, match=f"127.0.0.1:{port}.*not reachable"):
+        run_pipeline(str(cfg_file), [f"tracking.uri=http://127.0.0.1:{port}"])
+    assert time.time() - t0 < 10
+    assert not (cfg_file.parent / "work" / "normalize").exists()
