@@ -123,7 +123,7 @@ def write_corpus(root: Path, size_mb: int, seed: int = 0, file_mb: int = 128, lo
     most ``file_mb`` MB each. Reused when ``corpus.json`` already describes the same parameters."""
     d = corpus_dir(root, size_mb)
     meta_path = d / "corpus.json"
-    want = {"size_mb": size_mb, "seed": seed, "file_mb": file_mb, "langs": list(LANGS), "version": 1}
+    want = {"size_mb": size_mb, "seed": seed, "file_mb": file_mb, "langs": list(LANGS), "version": 2}
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         if meta.get("params") == want and all(Path(f).exists() for fs in meta["files"].values() for f in fs):
@@ -135,10 +135,11 @@ def write_corpus(root: Path, size_mb: int, seed: int = 0, file_mb: int = 128, lo
     per_lang = size_mb * MB // len(LANGS)
     n_files = max(1, -(-per_lang // (file_mb * MB)))
     files: dict[str, list[str]] = {}
-    nbytes = nlines = 0
+    nlines = 0
     for lang in LANGS:
         files[lang] = []
         it = _lines(lang, per_lang, seed)
+        lang_bytes = 0
         for k in range(n_files):
             path = d / f"{lang}-{k}.txt"
             files[lang].append(str(path))
@@ -152,12 +153,12 @@ def write_corpus(root: Path, size_mb: int, seed: int = 0, file_mb: int = 128, lo
                         f.write("\n".join(buf) + "\n")
                         nlines += len(buf)
                         buf = []
-                    if nbytes + nb >= cap:
+                    if lang_bytes + nb >= cap:
                         break
                 if buf:
                     f.write("\n".join(buf) + "\n")
                     nlines += len(buf)
-            nbytes += nb
+            lang_bytes += nb
     meta = {"params": want, "files": files, "bytes": sum(Path(f).stat().st_size for fs in files.values() for f in fs),
             "lines": nlines, "seconds": round(time.perf_counter() - t0, 1)}
     meta_path.write_text(json.dumps(meta, indent=1))

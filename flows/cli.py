@@ -55,6 +55,19 @@ def cmd_config_schema(args) -> int:
     return 0
 
 
+def cmd_config_docs(args) -> int:
+    from mlm_core.configio import config_reference_markdown
+    text = config_reference_markdown()
+    if args.write:
+        out = REPO_ROOT / "docs" / "CONFIG.md"
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        print(f"wrote {out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def _fmt_bytes(n) -> str:
     if n is None:
         return "-"
@@ -129,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     sc = csub.add_parser("schema", help="print the config JSON Schema")
     sc.add_argument("--write", action="store_true", help="write it to schemas/config.schema.json")
     sc.set_defaults(func=cmd_config_schema)
+    sd = csub.add_parser("docs", help="print the configuration reference (Markdown)")
+    sd.add_argument("--write", action="store_true", help="write it to docs/CONFIG.md")
+    sd.set_defaults(func=cmd_config_docs)
     return p
 
 

@@ -158,3 +158,39 @@ def config_json_schema() -> dict:
 
 def schema_text() -> str:
     return json.dumps(config_json_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def config_reference_markdown() -> str:
+    """A Markdown reference of every config key (type, default, description), generated from the models."""
+    from pydantic import BaseModel as _BM
+
+    lines = ["# Configuration reference", "",
+             "Generated from `mlm_core/config.py` by `mlm config docs --write` (a test keeps it in sync).",
+             "The JSON Schema is `schemas/config.schema.json`. Unknown keys are errors.", ""]
+
+    def type_name(ann) -> str:
+        s = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
+        return s.replace("mlm_core.config.", "")
+
+    def walk(model, prefix: str) -> None:
+        rows, subs = [], []
+        for name, f in model.model_fields.items():
+            key = f"{prefix}{name}"
+            inner = _inner_model(f.annotation)
+            target = inner.model if isinstance(inner, _Container) else inner
+            if isinstance(target, type) and issubclass(target, _BM):
+                sub = f"{key}.<lang>" if isinstance(inner, _Container) else key
+                subs.append((target, sub + "."))
+                rows.append(f"| `{key}` | section | | {f.description or ''} |")
+                continue
+            default = "required" if f.is_required() else (
+                "[]" if f.default_factory is list else "{}" if f.default_factory is dict else repr(f.default))
+            rows.append(f"| `{key}` | `{type_name(f.annotation)}` | `{default}` | {f.description or ''} |")
+        title = prefix.rstrip(".") or "top level"
+        lines.extend([f"## `{title}`", "", (model.__doc__ or "").strip(), "",
+                      "| key | type | default | meaning |", "|---|---|---|---|", *rows, ""])
+        for m, p in subs:
+            walk(m, p)
+
+    walk(PipelineConfig, "")
+    return "\n".join(lines).rstrip() + "\n"

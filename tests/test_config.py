@@ -90,6 +90,13 @@ def test_json_schema_in_sync_with_models():
     assert "description" in schema["$defs"]["NormalizeConfig"]["properties"]["min_chars"]
 
 
+def test_config_reference_in_sync():
+    from mlm_core.configio import config_reference_markdown
+    on_disk = (REPO / "docs" / "CONFIG.md").read_text(encoding="utf-8")
+    assert on_disk == config_reference_markdown(), "docs/CONFIG.md is stale: run `mlm config docs --write`"
+    assert "| `tokenizer.vocab_size` |" in on_disk and "## `sources.<lang>`" in on_disk
+
+
 def test_cli_help_is_fast_and_imports_nothing_heavy():
     code = ("import sys, time; t=time.time(); import flows.cli as c\n"
             "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"

@@ -1,0 +1,234 @@
+"""A BERT-layout transformer encoder with a masked-language-model head.
+
+In: token ids [B, T] (optionally segment ids marking the documents packed into each row) and MLM
+labels (-100 where no prediction is asked). Out: hidden states, logits at the selected positions and
+the cross-entropy loss.
+
+Layout = BERT (Devlin et al., 2019), so the default configuration exports to ``BertForMaskedLM``
+exactly: word + position + one token-type embedding -> LayerNorm -> dropout; post-LN blocks
+(self-attention, residual, LayerNorm; FFN with exact erf GELU, residual, LayerNorm); MLM head
+(dense, GELU, LayerNorm, decoder tied to the word embeddings, output bias). Variants that do not
+export: pre-LN (Xiong et al., 2020: LayerNorm before each sublayer plus a final one) and rotary
+positions (RoFormer, Su et al., 2021). Sinusoidal positions follow Vaswani et al. (2017).
+
+The head gathers the selected positions first: a full-vocabulary projection at every position costs
+more than the rest of the step when only ~15% of positions are predicted.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlm_core.model.sizes import Arch
+
+LN_EPS = 1e-12  # BERT's LayerNorm epsilon; the export writes the same value
+
+
+def sinusoidal_table(n_positions: int, dim: int) -> torch.Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d))."""
+    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
+    two_i = torch.arange(0, dim, 2, dtype=torch.float64)
+    angle = pos / torch.pow(10000.0, two_i / dim)
+    table = torch.zeros(n_positions, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : dim // 2])  # odd dim: one fewer cosine column
+    return table.float()
+
+
+def rotary_cos_sin(n_positions: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [n_positions, head_dim] for RoPE, frequencies 10000^(-2i/d), halves duplicated (GPT-NeoX layout)."""
+    inv_freq = 1.0 / torch.pow(10000.0, torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angle = torch.arange(n_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    angle = torch.cat([angle, angle], dim=-1)
+    return angle.cos().float(), angle.sin().float()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each (x_i, x_{i+d/2}) pair of x [B, nh, T, d] by its position's angle."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def segment_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Boolean attention mask [B, 1, T, T] (True = may attend) from segment ids [B, T].
+
+    Segment 0 is padding, 1..k the documents packed into the row: a token sees only its own document
+    (block diagonal), never padding. Padded query rows see themselves so softmax has no empty row (NaN).
+    """
+    seg = segment_ids
+    allowed = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)
+    allowed = allowed | torch.eye(seg.shape[1], dtype=torch.bool, device=seg.device)
+    return allowed[:, None, :, :]
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, arch: Arch):
+        super().__init__()
+        self.heads, self.dropout = arch.heads, arch.dropout
+        self.qkv = nn.Linear(arch.hidden, 3 * arch.hidden)  # q, k, v fused in one matmul; the export splits it
+        self.out = nn.Linear(arch.hidden, arch.hidden)
+
+    def forward(self, x, mask, rotary):
+        B, T, H = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, H // self.heads).permute(2, 0, 3, 1, 4)  # 3 x [B, nh, T, d]
+        if rotary is not None:
+            cos, sin = rotary
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, T, H))
+
+
+class Block(nn.Module):
+    """One transformer layer; ``norm`` decides where the LayerNorms sit (post = BERT, pre = stable deep training)."""
+
+    def __init__(self, arch: Arch):
+        super().__init__()
+        self.pre_norm = arch.norm == "pre"
+        self.attn = SelfAttention(arch)
+        self.attn_norm = nn.LayerNorm(arch.hidden, eps=LN_EPS)
+        self.ffn_in = nn.Linear(arch.hidden, arch.ffn)
+        self.ffn_out = nn.Linear(arch.ffn, arch.hidden)
+        self.ffn_norm = nn.LayerNorm(arch.hidden, eps=LN_EPS)
+        self.drop = nn.Dropout(arch.dropout)
+
+    def ffn(self, x):
+        return self.ffn_out(F.gelu(self.ffn_in(x)))  # exact (erf) GELU, as BERT's "gelu"
+
+    def forward(self, x, mask, rotary):
+        if self.pre_norm:
+            x = x + self.drop(self.attn(self.attn_norm(x), mask, rotary))
+            return x + self.drop(self.ffn(self.ffn_norm(x)))
+        x = self.attn_norm(x + self.drop(self.attn(x, mask, rotary)))
+        return self.ffn_norm(x + self.drop(self.ffn(x)))
+
+
+class MLMEncoder(nn.Module):
+    def __init__(self, arch: Arch):
+        super().__init__()
+        self._arch = arch
+        H = arch.hidden
+        self.tok_emb = nn.Embedding(arch.vocab_size, H, padding_idx=arch.pad_id)
+        self.type_emb = nn.Embedding(1, H)  # BERT's token-type table with a single row (input is always 0)
+        if arch.position == "learned":
+            self.pos_emb = nn.Embedding(arch.max_positions, H)
+        elif arch.position == "sinusoidal":  # fixed: a buffer, not saved (rebuilt from the formula)
+            self.register_buffer("pos_table", sinusoidal_table(arch.max_positions, H), persistent=False)
+        else:  # rotary: no table added to the input; q/k are rotated in every layer
+            cos, sin = rotary_cos_sin(arch.max_positions, arch.head_dim)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.emb_norm = nn.LayerNorm(H, eps=LN_EPS)
+        self.drop = nn.Dropout(arch.dropout)
+        self.blocks = nn.ModuleList([Block(arch) for _ in range(arch.layers)])
+        self.final_norm = nn.LayerNorm(H, eps=LN_EPS) if arch.norm == "pre" else nn.Identity()
+        # MLM head: transform (dense + GELU + LayerNorm), then the vocabulary projection + bias
+        self.head_dense = nn.Linear(H, H)
+        self.head_norm = nn.LayerNorm(H, eps=LN_EPS)
+        self.decoder = nn.Linear(H, arch.vocab_size, bias=False)
+        self.head_bias = nn.Parameter(torch.zeros(arch.vocab_size))
+        self.apply(self._init)
+        if arch.tie_embeddings:
+            self.decoder.weight = self.tok_emb.weight  # one tensor; safetensors helpers handle the sharing
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        """BERT init: normal(0, 0.02) weights, zero biases, LayerNorm (1, 0), zero pad embedding."""
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+        if isinstance(m, nn.Embedding) and m.padding_idx is not None:
+            with torch.no_grad():
+                m.weight[m.padding_idx].zero_()
+        if isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+    @property
+    def arch(self) -> Arch:
+        return self._arch
+
+    # ---- the network -------------------------------------------------------------------------------
+    def encode(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states [B, T, H]. segment_ids: 0 = padding, 1..k = document in the row; None = full attention."""
+        B, T = input_ids.shape
+        if T > self.arch.max_positions:
+            raise ValueError(f"sequence length {T} exceeds max_positions {self.arch.max_positions}")
+        x = self.tok_emb(input_ids) + self.type_emb.weight[0]
+        rotary = None
+        if self.arch.position == "learned":
+            x = x + self.pos_emb.weight[:T]  # positions 0..T-1 in every row, as BERT
+        elif self.arch.position == "sinusoidal":
+            x = x + self.pos_table[:T]
+        else:
+            rotary = (self.rope_cos[:T], self.rope_sin[:T])
+        x = self.drop(self.emb_norm(x))
+        mask = segment_mask(segment_ids) if segment_ids is not None else None
+        for block in self.blocks:
+            x = block(x, mask, rotary)
+        return self.final_norm(x)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """MLM head on hidden vectors [..., H] -> vocabulary logits [..., V]."""
+        h = self.head_norm(F.gelu(self.head_dense(h)))
+        return self.decoder(h) + self.head_bias
+
+    def mlm_logits(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Logits [N, V] at the N positions where ``positions`` [B, T] is True (row-major order)."""
+        return self.head(hidden[positions])  # gather first: the head runs on N vectors, not B*T
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, label_smoothing: float = 0.0) -> dict:
+        """Encode, then predict where ``labels`` != -100.
+
+        Returns {"loss": mean cross-entropy over the N selected positions (with label smoothing ε;
+        0 with a gradient path when N = 0; None without labels), "logits": [N, V] (None without labels),
+        "hidden": [B, T, H], "n_predictions": N (int)}.
+        """
+        hidden = self.encode(input_ids, segment_ids)
+        if labels is None:
+            return {"loss": None, "logits": None, "hidden": hidden, "n_predictions": 0}
+        selected = labels != -100
+        logits = self.mlm_logits(hidden, selected)
+        n = logits.shape[0]
+        if n == 0:  # cross_entropy of an empty batch is NaN; keep the graph so backward() still works
+            loss = logits.sum() * 0.0
+        else:
+            loss = F.cross_entropy(logits.float(), labels[selected], label_smoothing=label_smoothing)
+        return {"loss": loss, "logits": logits, "hidden": hidden, "n_predictions": n}
+
+    @torch.no_grad()
+    def full_logits(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, V] at every position (evaluation, fill-mask, export checks; no gradient)."""
+        return self.head(self.encode(input_ids, segment_ids))
+
+    # ---- accounting --------------------------------------------------------------------------------
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count (shared tensors once). non_embedding: without the word, position and
+        token-type tables and an untied decoder (Kaplan et al., 2020's N)."""
+        n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied tensor once
+        if non_embedding:
+            n -= self.tok_emb.weight.numel() + self.type_emb.weight.numel()
+            if self.arch.position == "learned":
+                n -= self.pos_emb.weight.numel()
+            if not self.arch.tie_embeddings:
+                n -= self.decoder.weight.numel()
+        return n
+
+    def flops_per_token(self, seq_len: int, mask_rate: float = 0.15) -> float:
+        """Training FLOPs (forward + backward) per input token, for MFU.
+
+        6 x (matmul weights every token passes through) + 12 x layers x hidden x seq_len for the
+        attention scores and weighted sum (PaLM appendix B / nanoGPT), + the head (dense and vocabulary
+        projection) counted only on the ``mask_rate`` share of tokens that are predicted.
+        """
+        a = self.arch
+        per_layer = 4 * a.hidden * a.hidden + 2 * a.hidden * a.ffn  # q, k, v, out + FFN in/out
+        body = 6 * a.layers * per_layer + 12 * a.layers * a.hidden * seq_len
+        head = 6 * (a.hidden * a.hidden + a.hidden * a.vocab_size)
+        return float(body + mask_rate * head)
+
+
+__all__ = ["MLMEncoder", "segment_mask", "sinusoidal_table", "rotary_cos_sin", "apply_rotary", "LN_EPS"]
