@@ -93,6 +93,23 @@ def cmd_status(args) -> int:
     return 0
 
 
+def cmd_stats(args) -> int:
+    from mlm_core.stats import language_table
+    lc = _load(args)
+    rows = language_table(lc)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"sampling α = {lc.config.shards.sampling_alpha}   (p(l) ∝ n_l^α over training tokens)")
+    print(f"{'lang':<5} {'docs':>9} {'tokens':>11} {'sequences':>9} {'natural':>8} {'p(l)':>7} {'upsampling':>10} "
+          f"{'epochs':>7}")
+    for r in rows:
+        ep = "-" if r["expected_epochs"] is None else f"{r['expected_epochs']:.2f}"
+        print(f"{r['lang']:<5} {r['docs']:>9,} {r['tokens']:>11,} {r['sequences']:>9,} {r['natural']:>8.4f} "
+              f"{r['p']:>7.4f} {r['upsampling']:>10.2f} {ep:>7}")
+    return 0
+
+
 def cmd_run(args) -> int:
     lc = _load(args)  # fail fast on a bad config, before Prefect starts
     from mlm_core import stages
@@ -134,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = with_config(sub.add_parser("status", help="show each stage as done / missing / stale"))
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_status)
+
+    st = with_config(sub.add_parser("stats", help="per-language documents, tokens, p(l) and upsampling"))
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.set_defaults(func=cmd_stats)
 
     c = sub.add_parser("config", help="validate a config or print its JSON Schema")
     csub = c.add_subparsers(dest="config_command", required=True)

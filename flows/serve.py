@@ -321,9 +321,12 @@ def mlflow_up(plan: Plan) -> bool:
     return http_get(plan.mlflow_url + "/health")[0] == 200
 
 
-def workers_online(plan: Plan) -> list[str]:
+def workers_online(plan: Plan, why: list | None = None) -> list[str]:
+    """Names of the ONLINE workers of the pool (empty when none, or when the API refuses: see ``why``)."""
     status, body = http_post_json(f"{plan.api_url}/work_pools/{plan.pool}/workers/filter", {}, auth=plan.auth)
     if status != 200 or not isinstance(body, list):
+        if why is not None:
+            why.append(f"HTTP {status}" + (": pass --auth-file or $" + AUTH_ENV if status == 401 else ""))
         return []
     return [w.get("name", "?") for w in body if w.get("status") == "ONLINE"]
 
@@ -394,9 +397,11 @@ def cmd_check(args) -> int:
     plan = Plan(Path(args.workdir).resolve(), args.host, args.prefect_port, args.mlflow_port, args.pool,
                 read_credentials(args.auth_file))
     p, m = prefect_up(plan), mlflow_up(plan)
-    w = workers_online(plan) if p else []
+    why: list[str] = []
+    w = workers_online(plan, why) if p else []
     print(f"prefect server  {plan.api_url}/health  {'up' if p else 'DOWN'}")
-    print(f"prefect worker  pool {plan.pool}  {('up: ' + ', '.join(w)) if w else 'DOWN'}")
+    print(f"prefect worker  pool {plan.pool}  {('up: ' + ', '.join(w)) if w else 'DOWN'}"
+          + (f" ({why[0]})" if why and not w else ""))
     print(f"mlflow server   {plan.mlflow_url}/health  {'up' if m else 'DOWN'}")
     return 0 if (p and m and w) else 1
 

@@ -36,7 +36,9 @@ def _check(counts: dict[str, int], alpha: float) -> None:
 
 
 def language_weights(counts: dict[str, int], alpha: float) -> dict[str, float]:
-    """p(l) = n_l^α / Σ_k n_k^α, keyed like ``counts`` (sums to 1). ValueError for α outside (0, 1] or empty languages."""
+    """p(l) = n_l^α / Σ_k n_k^α, keyed like ``counts`` (sums to 1).
+
+    ValueError for α outside (0, 1] or languages with a count <= 0 (named)."""
     _check(counts, alpha)
     langs = list(counts)
     n = np.array([counts[lang] for lang in langs], dtype=np.float64)

@@ -37,7 +37,59 @@ def _normalize_rows(art: Artifact) -> list[dict]:
     return rows
 
 
-TABLES: dict[str, Callable[[Artifact], list[dict]]] = {"normalize": _normalize_rows}
+def _tokenizer_rows(art: Artifact) -> list[dict]:
+    limits = art.manifest.get("limits", {})
+    return [{"lang": lang, "heldout_docs": s["heldout_docs"], "tokens_per_word": round(s["tokens_per_word"], 3),
+             "tokens_per_char": round(s["tokens_per_char"], 3), "unk_rate": round(s["unk_rate"], 5),
+             "no_spaces": s.get("no_spaces", False),
+             "max_fertility": limits.get("max_fertility", {}).get(lang)}
+            for lang, s in sorted(art.manifest.get("languages", {}).items())]
+
+
+def _shards_rows(art: Artifact) -> list[dict]:
+    langs = art.manifest.get("languages", {})
+    return [{"lang": r["lang"], "docs": langs[r["lang"]]["docs_train"] + langs[r["lang"]]["docs_validation"],
+             "tokens_train": r["n"], "sequences_train": langs[r["lang"]]["rows_train"],
+             "natural": round(r["natural"], 4), "p": round(r["p"], 4), "upsampling": round(r["upsampling"], 3),
+             "expected_epochs": None if r["expected_epochs"] is None else round(r["expected_epochs"], 2)}
+            for r in art.manifest.get("sampling", {}).get("table", [])]
+
+
+TABLES: dict[str, Callable[[Artifact], list[dict]]] = {"normalize": _normalize_rows, "tokenizer": _tokenizer_rows,
+                                                       "shards": _shards_rows}
+
+
+def plots(stage: str, art: Artifact, dest) -> list:
+    """Figures for a stage (PNG files under ``dest``); shards: natural vs sampled language shares by α."""
+    if stage != "shards":
+        return []
+    from pathlib import Path
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mlm_core.stats import ALPHAS, shares_by_alpha
+    table = art.manifest["sampling"]["table"]
+    counts = {r["lang"]: r["n"] for r in table}
+    alpha = art.manifest["sampling"]["alpha"]
+    alphas = sorted(set(ALPHAS) | {alpha}, reverse=True)
+    shares = shares_by_alpha(counts, alphas)
+    langs = sorted(counts, key=counts.get, reverse=True)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(alphas)
+    for k, a in enumerate(alphas):
+        label = "natural (α=1.0)" if a == 1.0 else f"α={a}" + (" (configured)" if a == alpha else "")
+        ax.bar([i + k * width for i in range(len(langs))], [shares[a][lang] for lang in langs], width, label=label)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(langs))], langs)
+    ax.set_ylabel("share of sampled sequences")
+    ax.set_title("Language shares: natural vs temperature-sampled, p(l) ∝ n_l^α")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(dest) / "language_shares.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return [out]
 
 
 def table_rows(stage: str, art: Artifact) -> list[dict]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 import time
 from pathlib import Path
 
@@ -71,10 +72,12 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
     dicts = {"manifest.json": art.manifest}
     if report is not None:
         dicts["validation/result.json"] = report.to_json()
-    run_id = tracker.log_stage(
-        name, fingerprint=art.fingerprint, cache_hit=hit, params=plans[name].config, metrics=metrics,
-        dicts=dicts, tables=publish.stat_tables(name, art), inputs=publish.lineage(name, art, lc),
-        tags=tags)
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = publish.plots(name, art, tmp) if tracker.enabled else []
+        run_id = tracker.log_stage(
+            name, fingerprint=art.fingerprint, cache_hit=hit, params=plans[name].config, metrics=metrics,
+            dicts=dicts, tables=publish.stat_tables(name, art), inputs=publish.lineage(name, art, lc),
+            tags=tags, artifacts=figures, artifact_dir="plots")
     if report is not None:
         tracker.log_text(run_id, report.summary_markdown(), "validation/summary.md")
     url = tracker.run_url(run_id)

@@ -229,6 +229,7 @@ def _parameter_names(obj: Any) -> set[str]:
 def validate_stage(stage: str, out_dir: Path, manifest: dict, *, sample_rows: int = 10_000, seed: int = 0,
                    schemas_dir: Path | None = None) -> ValidationReport:
     """Validate ``out_dir`` against ``schemas/<stage>.suite.json``; raise ValidationFailed on a critical failure."""
+    import tasks.contracts  # noqa: F401  (registers every stage's tables and parameters)
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
     path = Path(schemas_dir or SCHEMAS_DIR) / f"{stage}.suite.json"
@@ -372,44 +373,3 @@ def _short(v: Any, n: int = 80) -> str:
 
 def _md(s: str) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# normalize
-
-# C0 and C1 control characters (incl. DEL). Cleaning drops them or folds them into spaces, so none may remain.
-CONTROL_RE = r"[\x00-\x1f\x7f-\x9f]"
-
-
-@register_parameters("normalize")
-def _normalize_parameters(manifest: dict) -> dict:
-    cfg = manifest["config"]["normalize"]
-    return {"languages": list(manifest["languages"]), "min_chars": cfg["min_chars"],
-            "max_chars": cfg["max_chars"], "max_quarantine_rate": cfg["max_quarantine_rate"],
-            "min_docs": cfg.get("min_docs_per_language", 1)}
-
-
-@register_tables("normalize")
-def _normalize_tables(out_dir: Path, options: dict) -> dict:
-    import duckdb
-    import pyarrow.parquet as pq
-
-    stats = pq.read_table(out_dir / "stats.parquet").to_pandas()
-    if {"quarantined", "records"} <= set(stats.columns):
-        stats["quarantine_rate"] = (stats["quarantined"] / stats["records"].clip(lower=1)).astype("float64")
-    tables = {"stats": stats, "quarantine_stats": pq.read_table(out_dir / "quarantine_stats.parquet").to_pandas()}
-    # A reservoir sample: GE sees at most sample_rows rows, whatever the corpus size. (DuckDB still
-    # scans the columns once to draw it: about 0.2 s per million documents.)
-    n, seed = int(options["sample_rows"]), int(options["seed"])
-    glob = str(out_dir / "docs" / "*.parquet").replace("'", "''")
-    with duckdb.connect() as con:
-        if not any((out_dir / "docs").glob("*.parquet")):
-            sample = con.sql("SELECT NULL::BIGINT doc_id, NULL::VARCHAR lang, NULL::VARCHAR text, "
-                             "NULL::INTEGER n_chars, NULL::VARCHAR hash, NULL::BOOLEAN has_control LIMIT 0").df()
-        else:
-            sample = con.execute(
-                f"SELECT *, regexp_matches(text, $re) AS has_control FROM "
-                f"(SELECT * FROM read_parquet('{glob}') USING SAMPLE reservoir({n} ROWS) REPEATABLE ({seed}))",
-                {"re": CONTROL_RE}).df()
-    tables["docs_sample"] = sample
-    return tables

@@ -126,7 +126,12 @@ def _tiny_config(root: Path) -> Path:
         p.write_text("\n".join(text) + "\n", encoding="utf-8")
         sources[lang] = {"paths": [str(p)]}
     cfg = {"name": "e2e", "workdir": str(root / "work-default"), "seed": 0, "sources": sources,
-           "normalize": {"min_chars": 5}, "tracking": {"experiment": "mlm-e2e"}}
+           "normalize": {"min_chars": 5, "workers": 1},
+           # sized for 150 lines (the defaults expect megabytes); zh has no spaces: one "word" per line
+           "tokenizer": {"vocab_size": 300, "heldout_docs": 5, "min_vocab_fraction": 0.1,
+                         "max_fertility_per_lang": {"zh": 100.0}},
+           "shards": {"seq_len": 16, "workers": 1},
+           "tracking": {"experiment": "mlm-e2e"}}
     path = root / "tiny.yaml"
     path.write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")  # JSON is YAML
     return path
@@ -164,8 +169,8 @@ def test_patched_config_sets_pool_schedule_and_root(tmp_path):
     assert all(s["active"] is True for d in cfg["deployments"] for s in d["schedules"])
 
 
-def _run_mlm(*args: str, env_extra: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = _serve_env(Path("/nonexistent-prefect-home"))
+def _run_mlm(*args: str, home: Path, env_extra: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = _serve_env(home)
     env.update(env_extra or {})
     return subprocess.run([*MLM, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -177,19 +182,21 @@ def test_busy_port_refuses_and_starts_nothing(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        r = _run_mlm("serve", "--workdir", str(tmp_path / "w"), "--prefect-port", str(port), "--mlflow-port", "0")
+        r = _run_mlm("serve", "--workdir", str(tmp_path / "w"), "--prefect-port", str(port), "--mlflow-port", "0",
+                     home=tmp_path / "prefect")
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"port {port}" in r.stderr and "Prefect server" in r.stderr
     assert not (tmp_path / "w").exists()   # nothing started, nothing written
 
 
 def test_public_host_without_credentials_refuses(tmp_path):
-    r = _run_mlm("serve", "--workdir", str(tmp_path / "w"), "--host", "0.0.0.0")
+    r = _run_mlm("serve", "--workdir", str(tmp_path / "w"), "--host", "0.0.0.0", home=tmp_path / "prefect")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "refusing to start" in r.stderr and "--auth-file" in r.stderr
     weak = tmp_path / "weak.txt"
     weak.write_text("admin:short\n")
-    r = _run_mlm("serve", "--workdir", str(tmp_path / "w"), "--host", "0.0.0.0", "--auth-file", str(weak))
+    r = _run_mlm("serve", "--workdir", str(tmp_path / "w"), "--host", "0.0.0.0", "--auth-file", str(weak),
+                 home=tmp_path / "prefect")
     assert r.returncode == 2 and "at least 12 characters" in r.stderr
 
 
@@ -212,13 +219,13 @@ def test_auth_refuses_unauthenticated_requests(tmp_path):
         assert http_get(search, auth="mlm:wrong-password-here")[0] == 401
         assert http_get(search, auth=cred)[0] == 200
         check = _run_mlm("serve", "--check", "--prefect-port", str(pport), "--mlflow-port", str(mport),
-                         "--auth-file", str(auth_file))
+                         "--auth-file", str(auth_file), home=wd / "prefect")
         assert check.returncode == 0, check.stdout + check.stderr
         assert check.stdout.count(" up") == 3
         children = list(state["children"].values())
     assert not _groups_alive(children), "mlm serve left processes behind"
     assert not (wd / "serve.json").exists()
-    check = _run_mlm("serve", "--check", "--prefect-port", str(pport), "--mlflow-port", str(mport))
+    check = _run_mlm("serve", "--check", "--prefect-port", str(pport), "--mlflow-port", str(mport), home=wd / "prefect")
     assert check.returncode == 1 and "DOWN" in check.stdout
 
 
@@ -235,7 +242,7 @@ def test_deployments_end_to_end_with_real_servers(tmp_path):
     config = _tiny_config(tmp_path)
     with mlm_serve(wd) as (pport, mport, _state):
         api, mlflow_url = f"http://127.0.0.1:{pport}/api", f"http://127.0.0.1:{mport}"
-        dep = _run_mlm("deploy", "--api-url", api, env_extra={"PREFECT_HOME": str(wd / "prefect")}, timeout=180)
+        dep = _run_mlm("deploy", "--api-url", api, home=wd / "prefect", timeout=180)
         assert dep.returncode == 0, dep.stdout + dep.stderr
         params = {"config_path": str(config),
                   "overrides": [f"tracking.uri={mlflow_url}", f"workdir={tmp_path / 'work'}"]}

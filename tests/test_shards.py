@@ -223,7 +223,7 @@ def test_at_least_one_validation_doc_is_the_smallest_hash(tmp_path):
 
 def test_worker_processes_write_the_same_shards(built, tmp_path):
     _, m, tok_art = built["bpe"]
-    _, m2, _ = build(tmp_path, "bpe", tok_art=tok_art, workers=2, batch_docs=7)
+    _, m2, _ = build(tmp_path, "bpe", tok_art=tok_art, workers=3, batch_docs=7)     # 3 worker processes
     assert [(s["file"], s["sha256"]) for s in m["shards"]] == [(s["file"], s["sha256"]) for s in m2["shards"]]
 
 

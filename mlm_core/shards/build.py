@@ -31,10 +31,14 @@ Split: a document goes to validation when int(hash[:8], 16) / 2**32 < validation
 normalize: stable across runs and machines); a language with at least two documents always gets one
 (the smallest hash) when none qualified.
 
-Encoding runs in ``workers`` processes (one single-threaded tokenizer each, so the per-document Python
-work is parallel too), or in-process on the tokenizer's rayon threads when workers == 1; the text is
-streamed from Parquet ``batch_docs`` documents at a time with a bounded number of batches in flight,
-so memory stays flat: one shard of rows being filled plus the batches in flight.
+Parallelism (measured, benchmarks/shards.py, 2 cores): one process whose background thread runs
+``encode_batch`` on the tokenizer's rayon threads while the main thread flattens and packs the previous
+batch was ~1.4x faster than 2 single-threaded worker processes, and used half the memory. So
+``workers <= 2`` encodes in-process (rayon threads, capped at ``workers`` via RAYON_NUM_THREADS when the
+pool is not yet started); ``workers >= 3`` starts that many single-threaded processes, for many-core
+machines where the one Python thread that flattens encodings would become the limit. The text is streamed
+from Parquet ``batch_docs`` documents at a time with a bounded number of batches in flight, so memory
+stays flat: one shard of rows being filled plus the batches in flight.
 """
 from __future__ import annotations
 
@@ -349,6 +353,9 @@ def run_shards(lc, upstream: dict, out_dir: Path) -> dict:
     norm, tart = upstream["normalize"], upstream["tokenizer"]
     docs_dir = Path(norm.path) / "docs"
     tok_file = Path(tart.path) / "tokenizer.json"
+    if cfg.workers <= IN_PROCESS_MAX_WORKERS:
+        # Only effective before the process's first parallel tokenizers call (rayon reads it once).
+        os.environ.setdefault("RAYON_NUM_THREADS", str(cfg.workers))
     tok = prepare_tokenizer(Tokenizer.from_file(str(tok_file)))
     vocab_size = int(tart.manifest.get("vocab_size") or tok.get_vocab_size(with_added_tokens=True))
     if tok.get_vocab_size(with_added_tokens=True) > vocab_size:
@@ -447,9 +454,12 @@ def _select(enc: Encoded, sel: np.ndarray) -> Encoded:
     return Encoded(enc.ids[np.repeat(sel, enc.lens)], enc.word_start[np.repeat(sel, enc.lens)], enc.lens[sel])
 
 
+IN_PROCESS_MAX_WORKERS = 2   # see the module docstring: in-process rayon threads measured faster on 2 cores
+
+
 def _encode_stream(tasks, workers: int, tok_file: str, tok, dtype: np.dtype):
-    """Yield (lang, Encoded) in task order; at most 2 x workers batches in flight."""
-    if workers <= 1:
+    """Yield (lang, Encoded) in task order; a bounded number of batches in flight."""
+    if workers <= IN_PROCESS_MAX_WORKERS:
         # Pipelined: a thread runs encode_batch (Rust, GIL released, rayon threads) on batch i+1 while this
         # thread turns batch i into arrays and packs it, so the cores are not idle during the Python work.
         from concurrent.futures import ThreadPoolExecutor

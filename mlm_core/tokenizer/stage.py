@@ -127,5 +127,6 @@ def load_tokenizer(artifact_or_dir: Artifact | Path | str) -> Tokenizer:
         actual = sha256_file(path)
         if actual != entry.get("sha256"):
             raise TokenizerMismatch(f"{path}: sha256 {actual[:12]}… does not match the manifest "
-                                    f"({str(entry.get('sha256'))[:12]}…): the file was modified after the stage wrote it")
+                                    f"({str(entry.get('sha256'))[:12]}…): the file was modified after the stage "
+                                    f"wrote it")
     return Tokenizer.from_file(str(path))

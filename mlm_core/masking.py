@@ -1,0 +1,280 @@
+"""Masking family for masked-language-model pretraining: token, whole-word and SpanBERT span masking.
+
+In:  ``input_ids`` LongTensor [B, T] (packed rows ``[CLS] doc [SEP] doc [SEP] ... [PAD]...``), ``word_start``
+     uint8/bool [B, T] (1 where a token starts a word), the step (for the rate schedule) and, for static
+     masking, ``seq_ids`` [B].
+Out: ``MaskedBatch`` (corrupted ids, labels with -100 where not selected, the selection mask, the rate used).
+
+References: BERT (Devlin et al. 2019: 15 %, 80/10/10 replacement; whole-word masking from the BERT repo),
+SpanBERT (Joshi et al. 2020: span lengths ~ Geometric(0.2) clipped at 10, measured in whole words),
+RoBERTa (dynamic masking), and masking-rate schedules (Wettig et al. 2023; Yang et al. 2023).
+
+Design choices (all vectorized torch, no Python loop over tokens or sequences):
+
+* Selection is **independent (Bernoulli)**, not an exact count per sequence: a candidate token (token),
+  a word (whole_word) or a span (span) is selected when its uniform key is below a threshold. The expected
+  number of selected tokens is exactly ``p * n_candidates`` for every sequence length (an exact
+  ``round(p * n)`` biases short rows and needs a sort); masks are nested across rates (a token selected at
+  p is selected at any p' > p), so a rate schedule never reshuffles a static mask.
+* whole_word: a unit is a word (a word-start token and the following non-start tokens, up to the next word
+  start or non-candidate token); each word is selected with probability p, so p of the candidate *tokens*
+  are selected in expectation; words are never split.
+* span: a renewal process tiles each row in word units: span lengths L ~ Geometric(span_p) clipped at
+  span_max (in words), separated by gaps of one word (zero when the rate is too high for gaps), with a
+  random phase; a span is clipped at the next non-candidate token (a span never crosses [SEP]). Each span
+  is then kept independently with probability ``p * n_candidates / tokens_covered_by_all_spans`` (per row),
+  so the expected selected-token count is ``p * n_candidates`` and kept spans are an unbiased sample of span
+  lengths (the keep decision never looks at a span's own length). Kept spans never overlap or touch
+  (with the one-word gap), so each run of selected words in the output is one span.
+* 80/10/10 is decided **per token**, also for whole words and spans (as BERT's original WWM code does).
+  Random replacements are drawn uniformly from the vocabulary without special ids.
+* Randomness: a counter-based hash (splitmix64 finalizer in wrapping int64 torch arithmetic) of
+  (row key, stream, position). Static mode: row key = f(seed, seq_id), so the same sequence always gets
+  the same mask whatever the batch or step. Dynamic mode: row keys are B int64 drawn from the caller's
+  ``generator``; the generator advances by exactly that per call, so resuming its state is exact.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from mlm_core.config import MaskingConfig
+
+IGNORE_INDEX = -100
+
+_U64 = 1 << 64
+
+
+def _i64(c: int) -> int:
+    """An unsigned 64-bit constant as the int64 with the same bits."""
+    return c - _U64 if c >= 1 << 63 else c
+
+
+_GOLDEN = _i64(0x9E3779B97F4A7C15)
+_MIX1 = _i64(0xBF58476D1CE4E5B9)
+_MIX2 = _i64(0x94D049BB133111EB)
+# stream tags: distinct odd constants so each use of randomness gets an independent hash family
+_STREAM_SELECT = _i64(0xD1B54A32D192ED03)
+_STREAM_ACTION = _i64(0xABC98388FB8FAC03)
+_STREAM_SPAN = _i64(0x8CB92BA72F3D8DD7)
+_U24 = 2.0 ** -24
+_LOW32 = (1 << 32) - 1
+
+
+def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's >> is arithmetic on negative values)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64 finalizer; int64 multiplication wraps modulo 2**64, as the algorithm needs."""
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+def _mix_int(z: int) -> int:
+    """The same finalizer on a Python int (for seed keys computed once)."""
+    m = _U64 - 1
+    z &= m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return _i64(z ^ (z >> 31))
+
+
+def _hi24(h: torch.Tensor) -> torch.Tensor:
+    """Uniform float32 in [0, 1) from bits 40..63."""
+    return _shr(h, 40).to(torch.float32) * _U24
+
+
+def _mid24(h: torch.Tensor) -> torch.Tensor:
+    """Uniform float32 in [0, 1) from bits 16..39 (independent of _hi24's bits)."""
+    return ((h >> 16) & 0xFFFFFF).to(torch.float32) * _U24
+
+
+def _below(h: torch.Tensor, n: int) -> torch.Tensor:
+    """Integer in [0, n) from the low 32 bits (multiply-shift; bias <= n / 2**32)."""
+    return ((h & _LOW32) * n) >> 32
+
+
+def masking_rate(cfg: MaskingConfig, step: int, total_steps: int) -> float:
+    """Selection rate p at ``step``.
+
+    constant: cfg.rate. linear / cosine: rate_max at step 0 -> rate_min at step total_steps (held after).
+    cyclical: rate_min + (rate_max - rate_min) * |sin(2 pi step / period)|.
+    """
+    if cfg.schedule == "constant":
+        return float(cfg.rate)
+    lo, hi = float(cfg.rate_min), float(cfg.rate_max)
+    if cfg.schedule == "cyclical":
+        return lo + (hi - lo) * abs(math.sin(2 * math.pi * step / cfg.period))
+    frac = min(max(step / max(total_steps, 1), 0.0), 1.0)
+    if cfg.schedule == "linear":
+        return hi + (lo - hi) * frac
+    if cfg.schedule == "cosine":
+        return lo + (hi - lo) * 0.5 * (1.0 + math.cos(math.pi * frac))
+    raise ValueError(f"unknown masking schedule {cfg.schedule!r}")
+
+
+def clipped_geometric_mean(p: float, max_len: int) -> float:
+    """E[min(L, max_len)] for L ~ Geometric(p) on {1, 2, ...}: sum_{k<max_len} (1-p)^k."""
+    return (1.0 - (1.0 - p) ** max_len) / p
+
+
+@dataclass
+class MaskedBatch:
+    input_ids: torch.Tensor   # LongTensor [B, T], corrupted
+    labels: torch.Tensor      # LongTensor [B, T], original id where selected, -100 elsewhere
+    selected: torch.Tensor    # BoolTensor [B, T]
+    rate: float               # the scheduled selection rate p used for this batch
+
+
+class Masker:
+    """Corrupts a batch for MLM. Stateless: all randomness comes from the seed (static) or the caller's generator.
+
+    ``special_ids``: PAD/UNK/CLS/SEP/MASK ids. They are never selected, except ``unk_id`` when given (UNK is
+    then an ordinary candidate); random replacements never produce any of them.
+    """
+
+    def __init__(self, cfg: MaskingConfig, vocab_size: int, special_ids: list[int], mask_id: int,
+                 seed: int = 0, total_steps: int = 1, *, unk_id: int | None = None):
+        specials = sorted({int(i) for i in special_ids} | {int(mask_id)})
+        if not all(0 <= i < vocab_size for i in specials):
+            raise ValueError(f"special ids {specials} outside the vocabulary [0, {vocab_size})")
+        if len(specials) >= vocab_size:
+            raise ValueError("the vocabulary has no non-special token to draw random replacements from")
+        self.cfg, self.vocab_size, self.mask_id = cfg, int(vocab_size), int(mask_id)
+        self.special_ids, self.unk_id = specials, unk_id
+        self.seed, self.total_steps = int(seed), int(total_steps)
+        never = torch.zeros(vocab_size, dtype=torch.bool)
+        never[[i for i in specials if i != unk_id]] = True
+        allowed = torch.ones(vocab_size, dtype=torch.bool)
+        allowed[specials] = False
+        self._never_cpu, self._allowed_cpu = never, allowed.nonzero().squeeze(1)
+        self._dev: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._seed_key = _mix_int(_mix_int(self.seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019))
+        self._mean_span = clipped_geometric_mean(cfg.span_p, cfg.span_max)
+
+    # -- randomness -----------------------------------------------------------------------------------
+    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._dev:
+            self._dev[device] = (self._never_cpu.to(device), self._allowed_cpu.to(device))
+        return self._dev[device]
+
+    def _row_keys(self, b: int, device: torch.device, seq_ids, generator) -> torch.Tensor:
+        if self.cfg.mode == "static":
+            if seq_ids is None:
+                raise ValueError("static masking needs seq_ids (the mask is a function of the sequence id)")
+            seq = torch.as_tensor(seq_ids, dtype=torch.int64, device=device).reshape(-1)
+            if seq.numel() != b:
+                raise ValueError(f"seq_ids has {seq.numel()} entries for a batch of {b}")
+            return _mix(_mix(seq * _GOLDEN + self._seed_key))
+        gdev = generator.device if generator is not None else torch.device("cpu")
+        keys = torch.randint(-(1 << 63), (1 << 63) - 1, (b,), generator=generator, dtype=torch.int64, device=gdev)
+        return keys.to(device)
+
+    @staticmethod
+    def _hash(row_key: torch.Tensor, stream: int, n: int) -> torch.Tensor:
+        """[B, n] int64 hashes of (row key, stream, index): splitmix64 over a Weyl sequence per row."""
+        base = _mix(row_key ^ stream)
+        idx = torch.arange(n, dtype=torch.int64, device=row_key.device) * _GOLDEN
+        return _mix(base[:, None] + idx[None, :])
+
+    # -- selection --------------------------------------------------------------------------------------
+    @staticmethod
+    def _units(cand: torch.Tensor, word_start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unit (word) index per position and the unit-start flags. Every non-candidate is a unit of its own;
+        a candidate starts a unit at a word start or right after a non-candidate (robust to bad word_start)."""
+        prev = torch.zeros_like(cand)
+        prev[:, 1:] = cand[:, :-1]
+        start = ~cand | word_start | ~prev
+        return start.cumsum(1) - 1, start
+
+    def _select_whole_word(self, cand, word_start, h_sel, p) -> torch.Tensor:
+        uidx, start = self._units(cand, word_start)
+        b, t = cand.shape
+        # the key of a word is the key drawn at its first token; spread it over the word by unit index
+        slot = torch.where(start, uidx, t)
+        keys = torch.empty(b, t + 1, dtype=torch.float32, device=cand.device)
+        keys.scatter_(1, slot, _hi24(h_sel))
+        return (keys.gather(1, uidx) < p) & cand
+
+    def _select_span(self, cand, word_start, row_key, p) -> torch.Tensor:
+        cfg, dev = self.cfg, cand.device
+        b, t = cand.shape
+        uidx, start = self._units(cand, word_start)
+        # per unit: is it a boundary (non-candidate, or past the row's last unit)? and its candidate tokens
+        slot = torch.where(start, uidx, t)
+        bound = torch.ones(b, t + 1, dtype=torch.bool, device=dev)
+        bound.scatter_(1, slot, ~cand)
+        bound[:, t] = True
+        tok = torch.zeros(b, t + 2, dtype=torch.int64, device=dev)
+        tok[:, 1:].scatter_add_(1, uidx, cand.to(torch.int64))
+        prefix = tok.cumsum(1)                                    # prefix[u] = candidate tokens in units < u
+        pos = torch.arange(t + 1, device=dev).expand(b, t + 1)
+        nxt = torch.where(bound, pos, t).flip(1).cummin(1).values.flip(1)   # first boundary unit >= u
+        # renewal tiling: span, gap, span, gap, ... from a random phase; m spans always reach unit t
+        gap = 1 if p <= 0.75 * self._mean_span / (self._mean_span + 1) else 0
+        m = t // (1 + gap) + 1
+        h = self._hash(row_key, _STREAM_SPAN, m + 1)
+        u_len = _hi24(h[:, :m])
+        length = (torch.log1p(-u_len) / math.log1p(-cfg.span_p)).floor().to(torch.int64) + 1
+        length = length.clamp_(1, cfg.span_max)
+        phase = _below(h[:, m], int(math.ceil(self._mean_span)) + gap)
+        step = length + gap
+        s = (step.cumsum(1) - step + phase[:, None]).clamp_(max=t)
+        e = torch.minimum(s + length, nxt.gather(1, s))           # clipped at the next boundary unit
+        covered = prefix.gather(1, e) - prefix.gather(1, s)       # candidate tokens per span
+        budget = p * cand.sum(1).to(torch.float32)
+        avail = covered.sum(1).to(torch.float32)
+        keep_p = torch.where(avail > 0, budget / avail.clamp(min=1), torch.zeros_like(avail)).clamp_(max=1.0)
+        keep = ((_mid24(h[:, :m]) < keep_p[:, None]) & (e > s)).to(torch.int64)
+        diff = torch.zeros(b, t + 2, dtype=torch.int64, device=dev)
+        diff.scatter_add_(1, s, keep)
+        diff.scatter_add_(1, e, -keep)
+        cover = diff.cumsum(1)[:, : t + 1] > 0
+        return cover.gather(1, uidx) & cand
+
+    # -- public -----------------------------------------------------------------------------------------
+    def __call__(self, input_ids: torch.Tensor, word_start: torch.Tensor, step: int,
+                 seq_ids: torch.Tensor | None = None, generator: torch.Generator | None = None) -> MaskedBatch:
+        if input_ids.dim() != 2 or word_start.shape != input_ids.shape:
+            raise ValueError(f"expected input_ids and word_start of the same shape [B, T], got "
+                             f"{tuple(input_ids.shape)} and {tuple(word_start.shape)}")
+        ids = input_ids.to(torch.int64)
+        b, t = ids.shape
+        p = masking_rate(self.cfg, step, self.total_steps)
+        never, allowed = self._tables(ids.device)
+        cand = ~never[ids]
+        ws = word_start.to(device=ids.device, dtype=torch.bool)
+        row_key = self._row_keys(b, ids.device, seq_ids, generator)
+        strategy = self.cfg.strategy
+        if strategy == "span":
+            sel = self._select_span(cand, ws, row_key, p)
+        else:
+            h_sel = self._hash(row_key, _STREAM_SELECT, t)
+            if strategy == "token":
+                sel = (_hi24(h_sel) < p) & cand
+            elif strategy == "whole_word":
+                sel = self._select_whole_word(cand, ws, h_sel, p)
+            else:
+                raise ValueError(f"unknown masking strategy {strategy!r}")
+        # 80/10/10 per token: one hash gives the action (bits 16..39) and the random id (low 32 bits)
+        h_act = self._hash(row_key, _STREAM_ACTION, t)
+        u = _mid24(h_act)
+        pm, pr = self.cfg.mask_token_prob, self.cfg.random_token_prob
+        rand_ids = allowed[_below(h_act, allowed.numel())]
+        out = torch.where(sel & (u < pm), self.mask_id, ids)
+        out = torch.where(sel & (u >= pm) & (u < pm + pr), rand_ids, out)
+        labels = torch.where(sel, ids, IGNORE_INDEX)
+        return MaskedBatch(out, labels, sel, p)
+
+    def state_dict(self) -> dict:
+        """Stateless: nothing to save (static masks are a function of the seed; dynamic ones of the caller's RNG)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"Masker is stateless; unexpected state keys {sorted(state)}")

@@ -1,0 +1,11 @@
+"""The encoder model: named sizes (``sizes``), the network and its MLM head (``encoder``), and
+safetensors weights + the Hugging Face ``BertForMaskedLM`` export (``export``).
+
+Importing this package imports torch (the CLI imports it only inside the commands that train).
+"""
+from mlm_core.model.encoder import MLMEncoder
+from mlm_core.model.export import ExportError, export_hf, load_export, load_weights, read_arch, save_weights
+from mlm_core.model.sizes import SIZES, Arch, ArchError, resolve_arch
+
+__all__ = ["SIZES", "Arch", "ArchError", "ExportError", "MLMEncoder", "export_hf", "load_export", "load_weights",
+           "read_arch", "resolve_arch", "save_weights"]

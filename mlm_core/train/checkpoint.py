@@ -1,0 +1,358 @@
+"""Atomic, verifiable training checkpoints with exact resume.
+
+Layout: ``<root>/step-0000100/`` holding
+  model.safetensors        the model's tensors (shared/tied tensors stored once; aliases in meta.json)
+  optimizer.pt             optimizer state: tensors and plain Python values only (``torch.load(weights_only=True)``)
+  scheduler.json           LR scheduler counters
+  state.json               step / token / sample counters
+  sampler-rank<r>.json     each rank's language-sampler state
+  rng-rank<r>.pt           torch CPU (+ CUDA) RNG states and the loop's masking generator, as tensors
+  rng-rank<r>.json         numpy and Python ``random`` states as plain lists
+  meta.json                written LAST: arch, config fingerprint, counters, sha256 of every file above
+
+Atomicity: everything is written into ``<root>/.tmp-step-0000100-<pid>``, files and folder fsync'd,
+then the folder is renamed into place. A checkpoint is complete iff ``meta.json`` exists and every
+checksum it lists matches, so a run killed at any moment leaves either a complete checkpoint or a
+temporary folder that is never read (and is removed once its writer is gone). Resume takes the newest
+complete checkpoint, skipping (with a warning) any whose files do not match their checksums.
+
+No pickled objects anywhere: tensors go to safetensors / ``torch.save`` of tensor+primitive dicts,
+everything else to JSON. Test hook: ``MLM_CHECKPOINT_DELAY_S`` sleeps before ``meta.json`` is written.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from mlm_core.errors import MlmError
+from mlm_core.store import sha256_file
+
+log = logging.getLogger(__name__)
+FORMAT = 1
+META = "meta.json"
+
+
+class CheckpointError(MlmError):
+    """A checkpoint that cannot be written or read."""
+
+
+class CheckpointMismatch(CheckpointError, ValueError):
+    """A checkpoint written for a different model architecture than the one being trained."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+def config_fingerprint(cfg_dict: dict) -> str:
+    return hashlib.sha256(json.dumps(cfg_dict, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------------------- plain values
+def plain(obj: Any) -> Any:
+    """Tensors and JSON-like values only (what ``torch.load(weights_only=True)`` accepts), or TypeError."""
+    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k if isinstance(k, (int, str)) else str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain(v) for v in obj)
+    raise TypeError(f"cannot store {type(obj).__name__} in a checkpoint (tensors and plain values only)")
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, sort_keys=True, indent=1), encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------- RNG states
+def rng_state(generator: torch.Generator | None) -> tuple[dict, dict]:
+    """(tensors for rng-rank<r>.pt, plain lists for rng-rank<r>.json)."""
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        tensors["torch_cuda"] = torch.cuda.get_rng_state_all()
+    if generator is not None:
+        tensors["loop_generator"] = generator.get_state()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    version, pstate, gauss = random.getstate()
+    lists = {"numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+             "python": [version, list(pstate), gauss]}
+    return tensors, lists
+
+
+def set_rng_state(tensors: dict, lists: dict, generator: torch.Generator | None) -> None:
+    torch.set_rng_state(tensors["torch_cpu"])
+    if "torch_cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(tensors["torch_cuda"])
+    if generator is not None and "loop_generator" in tensors:
+        generator.set_state(tensors["loop_generator"])
+    name, keys, pos, has_gauss, cached = lists["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, pstate, gauss = lists["python"]
+    random.setstate((version, tuple(pstate), gauss))
+
+
+# ------------------------------------------------------------------------------------------- model/optim
+def _dedupe(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Store each shared storage once (tied embeddings); aliases maps dropped name -> kept name."""
+    kept: dict[tuple, str] = {}
+    out, aliases = {}, {}
+    for name, t in sd.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if t.numel() and key in kept:
+            aliases[name] = kept[key]
+            continue
+        kept[key] = name
+        out[name] = t.detach().cpu().contiguous()
+    return out, aliases
+
+
+def _is_fsdp(model: torch.nn.Module) -> bool:
+    return any(type(m).__name__.startswith("FSDP") for m in model.modules())
+
+
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict; collective under FSDP, so every rank must call it."""
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return model.state_dict()
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        return get_optimizer_state_dict(model, optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return optimizer.state_dict()
+
+
+def load_model_state(model: torch.nn.Module, sd: dict[str, torch.Tensor]) -> None:
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True))
+        return
+    model.load_state_dict(sd, strict=True)
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sd: dict) -> None:
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        set_optimizer_state_dict(model, optimizer, sd, options=StateDictOptions(full_state_dict=True))
+        return
+    optimizer.load_state_dict(sd)
+
+
+# ------------------------------------------------------------------------------------------- save
+def _barrier(world_size: int) -> None:
+    if world_size > 1:
+        import torch.distributed as dist
+        dist.barrier()
+
+
+def _broadcast_name(name: str | None, world_size: int) -> str:
+    if world_size == 1:
+        return name  # type: ignore[return-value]
+    import torch.distributed as dist
+    box = [name]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def save_checkpoint(root: Path, step: int, *, model: torch.nn.Module, optimizer, scheduler, sampler_state: dict,
+                    generator: torch.Generator | None, counters: dict, arch: dict, config_fp: str,
+                    keep: int, rank: int = 0, world_size: int = 1) -> Path:
+    """Write one checkpoint atomically (collective when world_size > 1); returns its final folder."""
+    root = Path(root)
+    msd = model_state(model)
+    osd = optimizer_state(model, optimizer)
+    tmp_name = None
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp_name = f".tmp-{step_dir_name(step)}-{os.getpid()}"
+        tmp = root / tmp_name
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    tmp = root / _broadcast_name(tmp_name, world_size)
+    tensors, lists = rng_state(generator)
+    torch.save(plain(tensors), tmp / f"rng-rank{rank}.pt")
+    _write_json(tmp / f"rng-rank{rank}.json", lists)
+    _write_json(tmp / f"sampler-rank{rank}.json", sampler_state)
+    written = [f"rng-rank{rank}.pt", f"rng-rank{rank}.json", f"sampler-rank{rank}.json"]
+    aliases: dict[str, str] = {}
+    if rank == 0:
+        weights, aliases = _dedupe(msd)
+        save_file(weights, str(tmp / "model.safetensors"))
+        torch.save(plain(osd), tmp / "optimizer.pt")
+        _write_json(tmp / "scheduler.json", plain(scheduler.state_dict()))
+        _write_json(tmp / "state.json", {"step": step, **counters})
+        written += ["model.safetensors", "optimizer.pt", "scheduler.json", "state.json"]
+    for name in written:
+        _fsync_file(tmp / name)
+    _barrier(world_size)
+    final = root / step_dir_name(step)
+    if rank == 0:
+        delay = float(os.environ.get("MLM_CHECKPOINT_DELAY_S", "0") or 0)
+        if delay:
+            time.sleep(delay)                       # test hook: widen the window for kill -9 during a write
+        files = {f.name: sha256_file(f) for f in sorted(tmp.iterdir()) if f.is_file()}
+        meta = {"format": FORMAT, "step": step, **counters, "arch": arch, "config_fingerprint": config_fp,
+                "world_size": world_size, "aliases": aliases, "files": files, "created_at": time.time()}
+        _write_json(tmp / META, meta)
+        _fsync_file(tmp / META)
+        _fsync_dir(tmp)
+        if final.exists():                          # re-reached after resuming from an older checkpoint
+            trash = root / f".old-{final.name}-{os.getpid()}"
+            os.rename(final, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        prune(root, keep)
+        log.info("checkpoint %s written", final)
+    _barrier(world_size)
+    return final
+
+
+def prune(root: Path, keep: int) -> None:
+    done = sorted(p for p in root.glob("step-*") if p.is_dir())
+    for old in done[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup_temporaries(root: Path) -> list[Path]:
+    """Remove ``.tmp-step-*`` folders whose writer is gone (left by a killed run); never read them."""
+    removed = []
+    for p in Path(root).glob(".tmp-step-*"):
+        try:
+            pid = int(p.name.rsplit("-", 1)[1])
+        except (IndexError, ValueError):
+            pid = -1
+        if pid > 0 and pid != os.getpid() and _pid_alive(pid):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    for p in Path(root).glob(".old-step-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    if removed:
+        log.info("removed %d unfinished checkpoint folder(s) under %s", len(removed), root)
+    return removed
+
+
+# ------------------------------------------------------------------------------------------- find/verify
+def verify(path: Path) -> dict:
+    """The checkpoint's meta.json when it is complete and every checksum matches; else CheckpointError."""
+    mf = path / META
+    if not mf.is_file():
+        raise CheckpointError(f"{path}: no {META} (incomplete checkpoint)")
+    try:
+        meta = json.loads(mf.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise CheckpointError(f"{path}: unreadable {META}: {e}") from None
+    for name, digest in meta.get("files", {}).items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{path}: {name} is missing")
+        if sha256_file(f) != digest:
+            raise CheckpointError(f"{path}: {name} does not match its sha256 (corrupt)")
+    return meta
+
+
+def find_latest(root: Path) -> tuple[Path, dict] | None:
+    """Newest complete, verified checkpoint under ``root`` (corrupt ones skipped with a warning), or None."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    for p in sorted((p for p in root.glob("step-*") if p.is_dir()), reverse=True):
+        try:
+            return p, verify(p)
+        except CheckpointError as e:
+            log.warning("skipping checkpoint: %s; trying the previous one", e)
+    return None
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_arch(path: Path, meta: dict, arch: dict) -> None:
+    """CheckpointMismatch naming every architecture field that differs."""
+    theirs, mine = _flatten(meta.get("arch", {})), _flatten(arch)
+    diff = sorted(k for k in set(theirs) | set(mine) if theirs.get(k, "<absent>") != mine.get(k, "<absent>"))
+    if diff:
+        detail = ", ".join(f"{k}: checkpoint {theirs.get(k, '<absent>')!r} vs config {mine.get(k, '<absent>')!r}"
+                           for k in diff)
+        raise CheckpointMismatch(f"checkpoint {path} was written for a different model architecture ({detail}); "
+                                 f"use a fresh checkpoint folder or the matching model config")
+
+
+# ------------------------------------------------------------------------------------------- load
+def load_checkpoint(path: Path, meta: dict, *, model: torch.nn.Module, optimizer, scheduler,
+                    generator: torch.Generator | None, rank: int = 0) -> dict:
+    """Restore model, optimizer, scheduler and this rank's RNG states; returns {"sampler": ..., "state": ...}."""
+    path = Path(path)
+    sd: dict[str, torch.Tensor] = dict(load_file(str(path / "model.safetensors")))
+    for alias, target in meta.get("aliases", {}).items():
+        sd[alias] = sd[target]
+    load_model_state(model, sd)
+    load_optimizer_state(model, optimizer, torch.load(path / "optimizer.pt", weights_only=True))
+    scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
+    r = rank if (path / f"rng-rank{rank}.pt").is_file() else None
+    sampler = None
+    if r is None:
+        log.warning("%s has no RNG/sampler state for rank %d (world size changed): using rank 0's sampler "
+                    "position and fresh RNG streams", path, rank)
+        sampler = json.loads((path / "sampler-rank0.json").read_text())
+    else:
+        set_rng_state(torch.load(path / f"rng-rank{r}.pt", weights_only=True),
+                      json.loads((path / f"rng-rank{r}.json").read_text()), generator)
+        sampler = json.loads((path / f"sampler-rank{r}.json").read_text())
+    state = json.loads((path / "state.json").read_text())
+    return {"sampler": sampler, "state": state}
+
+
+__all__ = ["CheckpointError", "CheckpointMismatch", "save_checkpoint", "find_latest", "load_checkpoint", "verify",
+           "check_arch", "cleanup_temporaries", "prune", "config_fingerprint", "step_dir_name", "plain"]

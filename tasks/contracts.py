@@ -1,0 +1,123 @@
+"""Each stage's data-contract inputs: the tables its suite runs on and the suite parameters.
+
+Tables are pandas DataFrames built from a stage's statistics files in full, plus bounded random
+samples of its rows (so validation cost stays flat as the corpus grows). Parameters fill the
+suite's ``{"$PARAMETER": name}`` placeholders from the run's config (recorded in the manifest).
+The suites themselves are ``schemas/<stage>.suite.json``. No great_expectations import here.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tasks.validation import register_parameters, register_tables
+
+# C0 and C1 control characters (incl. DEL). Cleaning drops them or folds them into spaces, so none may remain.
+CONTROL_RE = r"[\x00-\x1f\x7f-\x9f]"
+
+
+@register_parameters("normalize")
+def _normalize_parameters(manifest: dict) -> dict:
+    cfg = manifest["config"]["normalize"]
+    return {"languages": list(manifest["languages"]), "min_chars": cfg["min_chars"],
+            "max_chars": cfg["max_chars"], "max_quarantine_rate": cfg["max_quarantine_rate"],
+            "min_docs": cfg.get("min_docs_per_language", 1)}
+
+
+@register_tables("normalize")
+def _normalize_tables(out_dir: Path, options: dict) -> dict:
+    import duckdb
+    import pyarrow.parquet as pq
+
+    stats = pq.read_table(out_dir / "stats.parquet").to_pandas()
+    if {"quarantined", "records"} <= set(stats.columns):
+        stats["quarantine_rate"] = (stats["quarantined"] / stats["records"].clip(lower=1)).astype("float64")
+    tables = {"stats": stats, "quarantine_stats": pq.read_table(out_dir / "quarantine_stats.parquet").to_pandas()}
+    # A reservoir sample: GE sees at most sample_rows rows, whatever the corpus size. (DuckDB still
+    # scans the columns once to draw it: about 0.2 s per million documents.)
+    n, seed = int(options["sample_rows"]), int(options["seed"])
+    glob = str(out_dir / "docs" / "*.parquet").replace("'", "''")
+    with duckdb.connect() as con:
+        if not any((out_dir / "docs").glob("*.parquet")):
+            sample = con.sql("SELECT NULL::BIGINT doc_id, NULL::VARCHAR lang, NULL::VARCHAR text, "
+                             "NULL::INTEGER n_chars, NULL::VARCHAR hash, NULL::BOOLEAN has_control LIMIT 0").df()
+        else:
+            sample = con.execute(
+                f"SELECT *, regexp_matches(text, $re) AS has_control FROM "
+                f"(SELECT * FROM read_parquet('{glob}') USING SAMPLE reservoir({n} ROWS) REPEATABLE ({seed}))",
+                {"re": CONTROL_RE}).df()
+    tables["docs_sample"] = sample
+    return tables
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tokenizer
+@register_parameters("tokenizer")
+def _tokenizer_parameters(manifest: dict) -> dict:
+    cfg = manifest["config"]["tokenizer"]
+    return {"languages": sorted(manifest["languages"]), "vocab_size": cfg["vocab_size"],
+            "min_vocab_size": int(cfg["min_vocab_fraction"] * cfg["vocab_size"]),
+            "special_tokens": [f"{r}={t['token']}:{t['id']}" for r, t in manifest["special_tokens"].items()]}
+
+
+@register_tables("tokenizer")
+def _tokenizer_tables(out_dir: Path, options: dict) -> dict:
+    """stats: per language, with `fertility` = tokens per word, or per character for languages written
+    without spaces (zh, ja, th...), next to its limit; specials: what tokenizer.json really holds."""
+    import json
+
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    manifest = options["manifest"]
+    stats = pq.read_table(out_dir / "stats.parquet").to_pandas()
+    no_spaces = {lang: bool(s.get("no_spaces")) for lang, s in manifest["languages"].items()}
+    stats["fertility"] = [row.tokens_per_char if no_spaces.get(row.lang) else row.tokens_per_word
+                          for row in stats.itertuples()]
+    tok = json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    added = {t["content"]: t["id"] for t in tok.get("added_tokens", [])}
+    specials = pd.DataFrame([{"role": role, "declared": f"{role}={t['token']}:{t['id']}",
+                              "actual": f"{role}={t['token']}:{added.get(t['token'], -1)}"}
+                             for role, t in manifest["special_tokens"].items()])
+    vocab = pd.DataFrame([{"vocab_size": int(manifest["vocab_size"]),
+                           "requested": int(manifest["vocab_size_requested"])}])
+    return {"stats": stats, "specials": specials, "vocab": vocab}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# shards
+@register_parameters("shards")
+def _shards_parameters(manifest: dict) -> dict:
+    langs = sorted(set(manifest["config"]["languages"]) - set(manifest.get("dropped_languages", [])))
+    return {"languages": langs, "seq_len": int(manifest["seq_len"]), "max_id": int(manifest["vocab_size"]) - 1}
+
+
+@register_tables("shards")
+def _shards_tables(out_dir: Path, options: dict) -> dict:
+    """shards: one row per file (from the manifest); sampling: the table; rows_sample: a bounded random sample
+    of sequences read through the memory-mapped files, with their length, max token id and padding count."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    manifest = options["manifest"]
+    files = pd.DataFrame(manifest["shards"])
+    sampling = pq.read_table(out_dir / "sampling.parquet").to_pandas()
+    rng = np.random.default_rng(int(options["seed"]))
+    per_file = max(1, int(options["sample_rows"]) // max(len(files), 1))
+    rows = []
+    for f in manifest["shards"]:
+        with pa.memory_map(str(out_dir / f["file"]), "r") as src:
+            table = pa.ipc.open_stream(src).read_all() if manifest.get("format") == "arrow-ipc-stream" \
+                else pa.ipc.open_file(src).read_all()
+            col = table.column("input_ids").combine_chunks()
+            width = col.type.list_size
+            ids = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+            pick = rng.choice(len(ids), size=min(per_file, len(ids)), replace=False) if len(ids) else []
+            for i in pick:
+                rows.append({"file": f["file"], "lang": f["lang"], "split": f["split"], "row": int(i),
+                             "length": int(width), "max_id": int(ids[i].max())})
+    sample = pd.DataFrame(rows, columns=["file", "lang", "split", "row", "length", "max_id"])
+    return {"shards": files, "sampling": sampling, "rows_sample": sample,
+            "train_langs": files[files.split == "train"][["lang"]].drop_duplicates(),
+            "validation_langs": files[files.split == "validation"][["lang"]].drop_duplicates()}

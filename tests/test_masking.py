@@ -1,0 +1,251 @@
+"""Statistical and contract tests of mlm_core.masking over ~1M tokens per check (64 batches of 128 x 128)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mlm_core.config import MaskingConfig
+from mlm_core.configio import ConfigError, load_config
+from mlm_core.masking import Masker, MaskedBatch, clipped_geometric_mean, masking_rate
+
+PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
+SPECIALS = [PAD, UNK, CLS, SEP, MASK]
+NEVER = [PAD, CLS, SEP, MASK]
+VOCAB = 1000
+B, T, N_BATCHES = 128, 128, 64
+
+
+def make_rows(n: int, t: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed rows: [CLS] doc [SEP] doc [SEP] ... [PAD]...; words of ~1.5 tokens; ~1 % UNK; 30 % rows padded."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, VOCAB, size=(n, t))
+    ids[rng.random((n, t)) < 0.01] = UNK
+    ws = rng.random((n, t)) < 0.65
+    ids[rng.random((n, t)) < 1 / 50] = SEP                       # document boundaries (~50 tokens a doc)
+    length = np.where(rng.random(n) < 0.3, rng.integers(t // 4, t, size=n), t)
+    pos = np.arange(t)[None, :]
+    ids[pos == length[:, None] - 1] = SEP
+    ids[pos >= length[:, None]] = PAD
+    ids[:, 0] = CLS
+    special = np.isin(ids, NEVER)
+    after = np.zeros_like(special)
+    after[:, 1:] = special[:, :-1]
+    ws = (ws | after) & ~special
+    return torch.from_numpy(ids), torch.from_numpy(ws.astype(np.uint8))
+
+
+@pytest.fixture(scope="module")
+def rows() -> tuple[torch.Tensor, torch.Tensor]:
+    return make_rows(B * N_BATCHES, T)
+
+
+def masker(**kw) -> Masker:
+    seed = kw.pop("seed", 0)
+    return Masker(MaskingConfig(**kw), VOCAB, SPECIALS, MASK, seed=seed, total_steps=1000, unk_id=UNK)
+
+
+def run_all(m: Masker, rows, seed: int = 0, step: int = 0) -> MaskedBatch:
+    """Mask the corpus batch by batch (64 calls) and concatenate."""
+    ids, ws = rows
+    g = torch.Generator().manual_seed(seed)
+    outs = [m(ids[i:i + B], ws[i:i + B], step, seq_ids=torch.arange(i, i + B), generator=g)
+            for i in range(0, ids.shape[0], B)]
+    return MaskedBatch(torch.cat([o.input_ids for o in outs]), torch.cat([o.labels for o in outs]),
+                       torch.cat([o.selected for o in outs]), outs[0].rate)
+
+
+def candidates(ids: torch.Tensor) -> torch.Tensor:
+    return ~torch.isin(ids, torch.tensor(NEVER))
+
+
+def units(ids: torch.Tensor, ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Word id per position (every non-candidate its own unit) and word-start flags, as the spec defines words."""
+    cand = candidates(ids)
+    prev = torch.zeros_like(cand)
+    prev[:, 1:] = cand[:, :-1]
+    start = ~cand | ws.bool() | ~prev
+    return start.cumsum(1) - 1, start
+
+
+def assert_words_whole(ids, ws, sel):
+    uidx, _ = units(ids, ws)
+    cand = candidates(ids)
+    flat = (uidx + torch.arange(ids.shape[0])[:, None] * (T + 1))[cand]
+    s = sel[cand].to(torch.int64)
+    n = int(flat.max()) + 1
+    lo = torch.full((n,), 2, dtype=torch.int64).scatter_reduce(0, flat, s, "amin")
+    hi = torch.full((n,), -1, dtype=torch.int64).scatter_reduce(0, flat, s, "amax")
+    used = hi >= 0
+    assert torch.equal(lo[used], hi[used]), "a word is partly selected"
+
+
+# --- selection rate, specials, whole words ------------------------------------------------------------
+@pytest.mark.parametrize("strategy", ["token", "whole_word", "span"])
+@pytest.mark.parametrize("rate", [0.15, 0.3])
+def test_selection_rate_and_specials(rows, strategy, rate):
+    ids, ws = rows
+    out = run_all(masker(strategy=strategy, rate=rate), rows)
+    cand = candidates(ids)
+    assert cand.sum() > 1_000_000 * 0.9
+    assert not out.selected[~cand].any(), "a special or padding token was selected"
+    assert abs(out.selected.sum().item() / cand.sum().item() - rate) < 0.005
+    assert out.selected[ids == UNK].any(), "UNK is an ordinary candidate when unk_id is given"
+    assert torch.equal(out.labels[out.selected], ids[out.selected])
+    assert (out.labels[~out.selected] == -100).all()
+    assert torch.equal(out.input_ids[~out.selected], ids[~out.selected])
+    if strategy != "token":
+        assert_words_whole(ids, ws, out.selected)
+
+
+def test_unk_never_selected_without_unk_id(rows):
+    ids, ws = rows
+    m = Masker(MaskingConfig(strategy="whole_word"), VOCAB, SPECIALS, MASK)
+    out = m(ids[:B], ws[:B], 0, generator=torch.Generator().manual_seed(0))
+    assert not out.selected[torch.isin(ids[:B], torch.tensor(SPECIALS))].any()
+
+
+@pytest.mark.parametrize("strategy", ["token", "whole_word", "span"])
+def test_80_10_10_split(rows, strategy):
+    ids, _ = rows
+    out = run_all(masker(strategy=strategy, mask_token_prob=0.8, random_token_prob=0.1), rows)
+    sel = out.selected
+    n = sel.sum().item()
+    masked = (sel & (out.input_ids == MASK)).sum().item() / n
+    kept = (sel & (out.input_ids == ids)).sum().item() / n       # includes random draws equal to the original
+    assert abs(masked - 0.8) < 0.01 and abs(kept - 0.1) < 0.01 and abs(1 - masked - kept - 0.1) < 0.01
+    random_pos = sel & (out.input_ids != MASK) & (out.input_ids != ids)
+    assert not torch.isin(out.input_ids[random_pos], torch.tensor(SPECIALS)).any()
+    # random ids cover the non-special vocabulary roughly uniformly
+    counts = torch.bincount(out.input_ids[random_pos], minlength=VOCAB)[len(SPECIALS):].double()
+    assert counts.min() > 0 and counts.std() / counts.mean() < 0.25
+
+
+# --- span length ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("span_p,span_max,rate", [(0.2, 10, 0.15), (0.2, 10, 0.3), (0.5, 4, 0.15)])
+def test_mean_span_length(rows, span_p, span_max, rate):
+    """Each run of selected words is one span (spans never touch); runs that start at least span_max words
+    before the end of their document cannot have been clipped, and choosing them looks only at the start,
+    so their mean length estimates E[min(L, span_max)] without bias."""
+    ids, ws = rows
+    out = run_all(masker(strategy="span", rate=rate, span_p=span_p, span_max=span_max), rows)
+    assert_words_whole(ids, ws, out.selected)
+    uidx, start = units(ids, ws)
+    cand = candidates(ids)
+    sel = out.selected
+    prev_sel = torch.zeros_like(sel)
+    prev_sel[:, 1:] = sel[:, :-1]
+    run_start = sel & ~prev_sel
+    # words left in the document from each position: up to the first non-candidate (every row ends in one)
+    assert not cand[:, -1].any()
+    pos = torch.arange(T).expand_as(ids)
+    nb_pos = torch.where(~cand, pos, T - 1).flip(1).cummin(1).values.flip(1)
+    room = uidx.gather(1, nb_pos) - uidx
+    run_id = (run_start.flatten().cumsum(0) - 1).reshape(sel.shape)
+    words = torch.bincount(run_id[sel & start], minlength=int(run_start.sum()))
+    far = room[run_start] >= span_max
+    assert far.sum() > 5000
+    mean = words[far].double().mean().item()
+    expected = clipped_geometric_mean(span_p, span_max)
+    assert abs(mean / expected - 1) < 0.05, (mean, expected)
+    assert words.max() <= span_max
+
+
+# --- static / dynamic ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("strategy", ["token", "whole_word", "span"])
+def test_static_mask_is_a_function_of_the_sequence(rows, strategy):
+    ids, ws = rows[0][:2 * B], rows[1][:2 * B]
+    m = masker(strategy=strategy, mode="static", seed=7)
+    seq = torch.arange(1000, 1000 + 2 * B)
+    a = m(ids[:B], ws[:B], 0, seq_ids=seq[:B])
+    perm = torch.randperm(2 * B, generator=torch.Generator().manual_seed(1))[:B]   # other batch-mates, order
+    b = m(ids[perm], ws[perm], 500, seq_ids=seq[perm], generator=torch.Generator().manual_seed(3))
+    for j, r in enumerate(perm.tolist()):
+        if r < B:
+            assert torch.equal(b.selected[j], a.selected[r]) and torch.equal(b.input_ids[j], a.input_ids[r])
+    assert (perm < B).sum() > 10
+    # another seed, another mask
+    c = masker(strategy=strategy, mode="static", seed=8)(ids[:B], ws[:B], 0, seq_ids=seq[:B])
+    assert not torch.equal(c.selected, a.selected)
+    with pytest.raises(ValueError):
+        m(ids[:B], ws[:B], 0)
+
+
+@pytest.mark.parametrize("strategy", ["token", "whole_word", "span"])
+def test_dynamic_differs_per_call_and_resumes_exactly(rows, strategy):
+    ids, ws = rows[0][:B], rows[1][:B]
+    m = masker(strategy=strategy, mode="dynamic")
+    g = torch.Generator().manual_seed(123)
+    first = m(ids, ws, 0, generator=g)
+    saved = g.get_state()
+    second = m(ids, ws, 1, generator=g)
+    assert not torch.equal(first.selected, second.selected)
+    g2 = torch.Generator()
+    g2.set_state(saved)
+    again = m(ids, ws, 1, generator=g2)
+    assert torch.equal(again.selected, second.selected) and torch.equal(again.input_ids, second.input_ids)
+    assert torch.equal(again.labels, second.labels)
+    assert m.state_dict() == {}
+    m.load_state_dict({})
+
+
+# --- schedules -------------------------------------------------------------------------------------------
+def test_schedules():
+    lo, hi, period = 0.1, 0.4, 400
+    cyc = MaskingConfig(schedule="cyclical", rate_min=lo, rate_max=hi, period=period)
+    for t in (0, period // 4, period // 2, 3 * period // 4, period):
+        assert masking_rate(cyc, t, 10_000) == pytest.approx(lo + (hi - lo) * abs(math.sin(2 * math.pi * t / period)))
+    assert masking_rate(cyc, 0, 1) == pytest.approx(lo)
+    assert masking_rate(cyc, period // 4, 1) == pytest.approx(hi)
+    assert masking_rate(cyc, period // 2, 1) == pytest.approx(lo)
+    for kind in ("linear", "cosine"):
+        c = MaskingConfig(schedule=kind, rate_min=lo, rate_max=hi)
+        assert masking_rate(c, 0, 1000) == pytest.approx(hi)
+        assert masking_rate(c, 1000, 1000) == pytest.approx(lo)
+        assert masking_rate(c, 5000, 1000) == pytest.approx(lo)
+        assert masking_rate(c, 500, 1000) == pytest.approx((lo + hi) / 2)
+    assert masking_rate(MaskingConfig(schedule="linear", rate_min=lo, rate_max=hi), 250, 1000) == pytest.approx(0.325)
+    cos_q = lo + (hi - lo) * 0.5 * (1 + math.cos(math.pi / 4))
+    assert masking_rate(MaskingConfig(schedule="cosine", rate_min=lo, rate_max=hi), 250, 1000) == pytest.approx(cos_q)
+    assert masking_rate(MaskingConfig(rate=0.2), 12345, 10) == 0.2
+
+
+def test_scheduled_rate_reaches_the_masker(rows):
+    m = Masker(MaskingConfig(schedule="linear", rate_min=0.1, rate_max=0.3), VOCAB, SPECIALS, MASK, total_steps=100)
+    ids, ws = rows[0][:B], rows[1][:B]
+    assert m(ids, ws, 0).rate == pytest.approx(0.3)
+    assert m(ids, ws, 100).rate == pytest.approx(0.1)
+
+
+# --- config validation -----------------------------------------------------------------------------------
+def _load(masking: dict):
+    return load_config(raw={"sources": {"en": {"paths": ["x"]}}, "pretrain": {"masking": masking}})
+
+
+@pytest.mark.parametrize("masking", [{"rate": 0}, {"rate": 1}, {"rate": -0.1}, {"rate": 1.5},
+                                     {"mask_token_prob": 0.8, "random_token_prob": 0.3},
+                                     {"rate_min": 0.4, "rate_max": 0.2, "schedule": "linear"},
+                                     {"strategy": "ngram"}])
+def test_bad_masking_config_is_rejected(masking):
+    with pytest.raises(ConfigError):
+        _load(masking)
+
+
+def test_good_masking_config_loads():
+    cfg = _load({"strategy": "span", "rate": 0.2, "mask_token_prob": 0.9, "random_token_prob": 0.1}).config
+    assert cfg.pretrain.masking.strategy == "span"
+
+
+def test_hash_rng_is_uniform():
+    """The counter-based hash gives uniform, uncorrelated keys even for consecutive seq ids and positions."""
+    m = Masker(MaskingConfig(mode="static", rate=0.5), VOCAB, SPECIALS, MASK)
+    ids = torch.full((4096, 256), 10)
+    out = m(ids, torch.ones_like(ids, dtype=torch.uint8), 0, seq_ids=torch.arange(4096))
+    s = out.selected.double()
+    assert abs(s.mean().item() - 0.5) < 0.002
+    assert s.mean(0).sub(0.5).abs().max() < 0.04 and s.mean(1).sub(0.5).abs().max() < 0.07
+    # neighbours (positions, sequences) are uncorrelated
+    assert abs(((s[:, 1:] - 0.5) * (s[:, :-1] - 0.5)).mean().item()) < 0.002
+    assert abs(((s[1:] - 0.5) * (s[:-1] - 0.5)).mean().item()) < 0.002
