@@ -116,10 +116,10 @@ def job_direct(scratch: Path) -> dict:
 def job_flow(scratch: Path) -> dict:
     """Two ``pipeline()`` calls in one process, each timed piece by piece."""
     t0 = time.perf_counter()
-    work0 = scratch / "flow-0"
-    shutil.rmtree(work0, ignore_errors=True)
+    state = scratch / "flow-state"
+    shutil.rmtree(state, ignore_errors=True)
     from flows.cli import prepare_env
-    prepare_env(work0)                   # PREFECT_HOME in the first workdir: a cold ephemeral server
+    prepare_env(state)                   # PREFECT_HOME = <state>/prefect: a fresh (cold) ephemeral server
     import prefect  # noqa: F401
     t_prefect = time.perf_counter() - t0
     import flows.pipeline as fp

@@ -110,6 +110,28 @@ def cmd_stats(args) -> int:
     return 0
 
 
+def cmd_fill_mask(args) -> int:
+    prepare_env()
+    from mlm_core.fillmask import fill_mask
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if args.config:
+        from tasks.tracking import resolve_tracking_uri
+        lc = _load(args)
+        uri = resolve_tracking_uri(lc.config.tracking, lc.workdir)
+    uri = uri or f"sqlite:///{Path('.mlm').resolve()}/mlflow.db"
+    from tasks.registry import resolve_model
+    folder = resolve_model(args.model, uri)
+    results = fill_mask(folder, args.text, args.top_k)
+    if args.json:
+        print(json.dumps(results, indent=2, ensure_ascii=False))
+        return 0
+    for i, preds in enumerate(results):
+        print(f"mask #{i + 1}:")
+        for p in preds:
+            print(f"  {p['score']:.4f}  {p['token']:<16} {p['sequence']}")
+    return 0
+
+
 def cmd_run(args) -> int:
     lc = _load(args)  # fail fast on a bad config, before Prefect starts
     from mlm_core import stages
@@ -155,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     st = with_config(sub.add_parser("stats", help="per-language documents, tokens, p(l) and upsampling"))
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.set_defaults(func=cmd_stats)
+
+    fm = sub.add_parser("fill-mask", help="top-k predictions for the mask token(s) in a text")
+    fm.add_argument("model", help="models:/name@alias (registry), models:/name/VERSION, or a local model folder")
+    fm.add_argument("text", help="text containing the mask token, e.g. 'The cat [MASK] on the mat.'")
+    fm.add_argument("--top-k", type=int, default=5)
+    fm.add_argument("--config", help="pipeline YAML whose tracking settings locate the registry (default: "
+                    "$MLFLOW_TRACKING_URI, else ./.mlm/mlflow.db)")
+    fm.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="config override")
+    fm.add_argument("--json", action="store_true")
+    fm.set_defaults(func=cmd_fill_mask)
 
     c = sub.add_parser("config", help="validate a config or print its JSON Schema")
     csub = c.add_subparsers(dest="config_command", required=True)

@@ -267,7 +267,8 @@ class Plan:
         env = self.base_env()
         if self.auth:
             env["PREFECT_SERVER_API_AUTH_STRING"] = self.auth
-        cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", self.host, "--port", str(self.prefect_port)]
+        cmd = [sys.executable, "-m", "prefect", "server", "start",
+               "--host", self.host, "--port", str(self.prefect_port)]
         return Child("prefect server", cmd, env, self.workdir / "logs" / "prefect-server.log")
 
     def mlflow_server(self) -> Child:
@@ -362,6 +363,11 @@ def _plan_from_args(args) -> Plan:
     if args.prefect_port == args.mlflow_port:
         raise ServeError(f"--prefect-port and --mlflow-port are both {args.prefect_port}", 2)
     use_auth = auth if (args.require_auth or not loopback) else None
+    if use_auth:
+        import importlib.util
+
+        if importlib.util.find_spec("flask_wtf") is None:  # MLflow's basic-auth app imports it (CSRF)
+            raise ServeError("MLflow's basic-auth app needs Flask-WTF: pip install 'mlflow[auth]'", 2)
     return Plan(workdir, args.host, args.prefect_port, args.mlflow_port, args.pool, use_auth)
 
 
@@ -430,10 +436,14 @@ def serve(plan: Plan, timeout: float = 180.0, grace: float = GRACE_S) -> int:
         for c in servers:
             c.start()
             children.append(c)
+        _write_state(state, plan, children)
         print(f"starting the Prefect server ({plan.prefect_url}) and the MLflow server ({plan.mlflow_url}) ...",
               flush=True)
         _wait_until("the Prefect server answers", lambda: prefect_up(plan), servers, timeout)
-        _ensure_pool(plan)
+        try:
+            _ensure_pool(plan)
+        except Exception as exc:  # noqa: BLE001 (any API failure: report it, stop the servers)
+            raise ServeError(f"could not create work pool {plan.pool}: {exc}") from exc
         worker = plan.worker()
         worker.start()
         children.append(worker)
@@ -453,6 +463,10 @@ def serve(plan: Plan, timeout: float = 180.0, grace: float = GRACE_S) -> int:
         print("\nmlm serve: stopping ...", flush=True)
         return 0
     finally:
+        # a second Ctrl-C must not interrupt the cleanup half-way and orphan a server
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            old.setdefault(s, signal.getsignal(s))
+            signal.signal(s, signal.SIG_IGN)
         # the worker first (it would only complain about a vanished API), then the servers
         stop_children(list(reversed(children)), grace)
         state.unlink(missing_ok=True)
@@ -506,7 +520,8 @@ def add_parsers(sub) -> None:
     d.add_argument("--schedule", action="store_true",
                    help="deploy the nightly schedules ACTIVE (default: present but inactive)")
     d.add_argument("--write-yaml", action="store_true",
-                   help="regenerate deployments/prefect.yaml from flows/pipeline.py (pipeline + STAGE_FLOWS), then exit")
+                   help="regenerate deployments/prefect.yaml from flows/pipeline.py (pipeline + STAGE_FLOWS), "
+                        "then exit")
     d.set_defaults(func=_cmd_deploy)
 
 

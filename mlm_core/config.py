@@ -233,8 +233,74 @@ class PretrainConfig(Section):
     peak_flops: float | None = Field(
         default=None, gt=0, description="Declared peak FLOP/s per process for the MFU estimate (default: 175e9 on CPU, "
         "989e12 bf16 on H100/H200-class GPUs).")
-    registered_model: str = Field(default="mlm-demo", description="MLflow registered model name for the trained model.")
     distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="torchrun options.")
+
+
+class FinetuneConfig(Section):
+    """Fine-tuning for zero-shot transfer (XTREME protocol: source language only)."""
+
+    lr: float = Field(default=1e-3, gt=0, description="Peak learning rate of the task head and top layer.")
+    epochs: int = Field(default=5, ge=1, description="Maximum epochs over the source training data.")
+    batch_size: int = Field(default=32, ge=1, description="Examples per step.")
+    layer_decay: float = Field(default=0.9, gt=0, le=1, description="Layer-wise LR decay α: η_l = η·α^(L−l) (1 = off).")
+    adapters: bool = Field(default=False, description="Train bottleneck adapters h + W_up·ReLU(W_down·h) on a frozen encoder.")
+    adapter_dim: int = Field(default=32, ge=1, description="Adapter bottleneck size.")
+    l2sp: float = Field(default=0.0, ge=0, description="L2-SP penalty λ·‖θ − θ₀‖² toward the pretrained weights (0 = off).")
+    patience: int = Field(default=2, ge=1, description="Early stopping: epochs without improvement on the source validation split.")
+    max_train_examples: int | None = Field(default=2000, ge=1, description="Cap on source training examples (None = all).")
+
+
+class TransferTask(Section):
+    """One zero-shot task: a source-language training file and target-language evaluation files."""
+
+    source_lang: str = Field(default="en", description="The only language seen in fine-tuning.")
+    train: str = Field(description="Source training file (CoNLL-U for upos; TSV/JSONL with text,label for classification), "
+                       "relative to the config file.")
+    dev: str | None = Field(default=None, description="Source validation file for early stopping (default: 10% of train).")
+    targets: dict[str, str] = Field(default_factory=dict, description="Target language -> evaluation file.")
+
+
+class EvaluateConfig(Section):
+    """Per-language intrinsic metrics and zero-shot cross-lingual transfer."""
+
+    max_sequences: int = Field(default=64, ge=1, description="Held-out sequences per language for masked-token metrics.")
+    pll_sentences: int = Field(default=40, ge=0, description="Sentences per language for pseudo-perplexity (0 = skip).")
+    pll_batch: int = Field(default=64, ge=1, description="Masked copies per forward pass when scoring pseudo-log-likelihood.")
+    ece_bins: int = Field(default=15, ge=2, description="Equal-width bins of the expected calibration error.")
+    upos: TransferTask | None = Field(default=None, description="UPOS tagging transfer (CoNLL-U files).")
+    classification: TransferTask | None = Field(default=None, description="Sentence classification transfer (TSV/JSONL text,label).")
+    retrieval: dict[str, str] | None = Field(
+        default=None, description="Parallel-sentence retrieval: language -> file of aligned sentences (one per line, "
+        "or a JSONL with id,lang,text); every language is paired with the first.")
+    retrieval_layer: int = Field(default=-1, description="Hidden layer mean-pooled for retrieval (-1 = last).")
+    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="Fine-tuning options.")
+
+
+class AuditConfig(Section):
+    """Bias audits: CrowS-Pairs-style pairs and masked-slot templates."""
+
+    crows_pairs: dict[str, str] = Field(default_factory=dict, description="Language -> CrowS-Pairs CSV "
+                                        "(sent_more,sent_less,stereo_antistereo,bias_type).")
+    templates: dict[str, str] = Field(default_factory=dict, description="Language -> template YAML "
+                                      "(templates with {group} and [MASK], groups, neutral, attributes).")
+
+
+class GatesConfig(Section):
+    """Promotion gates: the model moves to alias `champion` only when every declared gate passes."""
+
+    min_top1: float | None = Field(default=None, ge=0, le=1, description="Minimum masked-token top-1 accuracy in every language.")
+    min_top1_over_baseline: float | None = Field(
+        default=0.0, description="Minimum top-1 margin over the unigram-frequency baseline in every language.")
+    max_ece: float | None = Field(default=None, ge=0, le=1, description="Maximum expected calibration error in every language.")
+    max_crows_deviation: float | None = Field(default=None, ge=0, le=50, description="Maximum |CrowS-Pairs score − 50| in every audited language.")
+    max_transfer_gap: float | None = Field(default=None, ge=0, description="Maximum zero-shot transfer gap (source − target score).")
+
+
+class RegistryConfig(Section):
+    """The MLflow model registry: where trained models are registered and when they are promoted."""
+
+    model_name: str = Field(default="mlm-model", description="Registered model name.")
+    gates: GatesConfig = Field(default_factory=GatesConfig, description="Promotion gates.")
 
 
 class TrackingConfig(Section):
@@ -258,6 +324,9 @@ class PipelineConfig(Section):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="The tokenizer stage.")
     shards: ShardsConfig = Field(default_factory=ShardsConfig, description="The shards stage.")
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="The pretrain stage.")
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig, description="The evaluate stage.")
+    audit: AuditConfig = Field(default_factory=AuditConfig, description="The audit stage.")
+    registry: RegistryConfig = Field(default_factory=RegistryConfig, description="Registration and promotion.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
 
     @field_validator("sources")
@@ -278,6 +347,10 @@ class PipelineConfig(Section):
         if unknown:
             raise ValueError(f"tokenizer.max_fertility_per_lang: language(s) {unknown} not in sources "
                              f"({', '.join(sorted(self.sources))})")
+        for key, langs in (("audit.crows_pairs", self.audit.crows_pairs), ("audit.templates", self.audit.templates)):
+            missing = sorted(set(langs) - set(ISO639_1))
+            if missing:
+                raise ValueError(f"{key}: {missing} are not ISO 639-1 language codes")
         if self.shards.seq_len > self.pretrain.model.max_positions:
             raise ValueError(f"shards.seq_len ({self.shards.seq_len}) exceeds pretrain.model.max_positions "
                              f"({self.pretrain.model.max_positions})")

@@ -45,6 +45,7 @@ from mlm_core.config import MaskingConfig
 IGNORE_INDEX = -100
 
 _U64 = 1 << 64
+_LOW32 = (1 << 32) - 1
 
 
 def _i64(c: int) -> int:
@@ -55,28 +56,34 @@ def _i64(c: int) -> int:
 _GOLDEN = _i64(0x9E3779B97F4A7C15)
 _MIX1 = _i64(0xBF58476D1CE4E5B9)
 _MIX2 = _i64(0x94D049BB133111EB)
-# stream tags: distinct odd constants so each use of randomness gets an independent hash family
-_STREAM_SELECT = _i64(0xD1B54A32D192ED03)
-_STREAM_ACTION = _i64(0xABC98388FB8FAC03)
+# stream offsets: per-position draws and per-span draws walk disjoint stretches of a row's Weyl sequence
+_STREAM_POS = _i64(0xD1B54A32D192ED03)
 _STREAM_SPAN = _i64(0x8CB92BA72F3D8DD7)
-_U24 = 2.0 ** -24
-_LOW32 = (1 << 32) - 1
+# bit layout of one per-position hash: [63..44] selection key, [43..28] 80/10/10 action, [27..0] random id
+_SEL_BITS, _ACT_SHIFT, _ACT_BITS, _RID_BITS = 20, 28, 16, 28
+# per-span hash: [63..40] length, [39..16] keep key
+_SPAN_BITS = 24
 
 
 def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
     """Logical right shift of int64 bits (torch's >> is arithmetic on negative values)."""
-    return (z >> k) & ((1 << (64 - k)) - 1)
+    out = z >> k
+    out &= (1 << (64 - k)) - 1
+    return out
 
 
 def _mix(z: torch.Tensor) -> torch.Tensor:
-    """splitmix64 finalizer; int64 multiplication wraps modulo 2**64, as the algorithm needs."""
-    z = (z ^ _shr(z, 30)) * _MIX1
-    z = (z ^ _shr(z, 27)) * _MIX2
-    return z ^ _shr(z, 31)
+    """splitmix64 finalizer, in place on a tensor the caller owns; int64 multiplication wraps mod 2**64."""
+    z ^= _shr(z, 30)
+    z *= _MIX1
+    z ^= _shr(z, 27)
+    z *= _MIX2
+    z ^= _shr(z, 31)
+    return z
 
 
 def _mix_int(z: int) -> int:
-    """The same finalizer on a Python int (for seed keys computed once)."""
+    """The same finalizer on a Python int (for the seed key, computed once)."""
     m = _U64 - 1
     z &= m
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
@@ -84,19 +91,15 @@ def _mix_int(z: int) -> int:
     return _i64(z ^ (z >> 31))
 
 
-def _hi24(h: torch.Tensor) -> torch.Tensor:
-    """Uniform float32 in [0, 1) from bits 40..63."""
-    return _shr(h, 40).to(torch.float32) * _U24
+def _threshold(prob: float, bits: int) -> int:
+    """An integer key of `bits` uniform bits is below this with probability `prob` (to 2**-bits)."""
+    return int(round(min(max(prob, 0.0), 1.0) * (1 << bits)))
 
 
-def _mid24(h: torch.Tensor) -> torch.Tensor:
-    """Uniform float32 in [0, 1) from bits 16..39 (independent of _hi24's bits)."""
-    return ((h >> 16) & 0xFFFFFF).to(torch.float32) * _U24
-
-
-def _below(h: torch.Tensor, n: int) -> torch.Tensor:
-    """Integer in [0, n) from the low 32 bits (multiply-shift; bias <= n / 2**32)."""
-    return ((h & _LOW32) * n) >> 32
+def _blend(x: torch.Tensor, where: torch.Tensor, value: torch.Tensor | int) -> torch.Tensor:
+    """``torch.where(where, value, x)`` for int64 by bit masking (torch.where is several times slower on CPU)."""
+    m = where.to(torch.int64).neg_()                          # all ones where selected
+    return x ^ ((x ^ value) & m)
 
 
 def masking_rate(cfg: MaskingConfig, step: int, total_steps: int) -> float:
@@ -145,6 +148,8 @@ class Masker:
             raise ValueError(f"special ids {specials} outside the vocabulary [0, {vocab_size})")
         if len(specials) >= vocab_size:
             raise ValueError("the vocabulary has no non-special token to draw random replacements from")
+        if vocab_size > 1 << 35:
+            raise ValueError(f"vocab_size {vocab_size} too large for the {_RID_BITS}-bit random-id draw")
         self.cfg, self.vocab_size, self.mask_id = cfg, int(vocab_size), int(mask_id)
         self.special_ids, self.unk_id = specials, unk_id
         self.seed, self.total_steps = int(seed), int(total_steps)
@@ -153,16 +158,33 @@ class Masker:
         allowed = torch.ones(vocab_size, dtype=torch.bool)
         allowed[specials] = False
         self._never_cpu, self._allowed_cpu = never, allowed.nonzero().squeeze(1)
-        self._dev: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._seed_key = _mix_int(_mix_int(self.seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019))
+        self._cache: dict[tuple, torch.Tensor] = {}
+        self._seed_key = _mix_int(self.seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019)
         self._mean_span = clipped_geometric_mean(cfg.span_p, cfg.span_max)
+        # span lengths by inverse CDF: L = 1 + #{k in 1..span_max-1 : key >= 2**24 * P(L <= k)}
+        cdf = [1.0 - (1.0 - cfg.span_p) ** k for k in range(1, cfg.span_max)]
+        self._len_bounds_cpu = torch.tensor([_threshold(c, _SPAN_BITS) for c in cdf], dtype=torch.int64)
+        pm, pr = cfg.mask_token_prob, cfg.random_token_prob
+        self._act_mask, self._act_rand = _threshold(pm, _ACT_BITS), _threshold(pm + pr, _ACT_BITS)
+
+    # -- cached device constants --------------------------------------------------------------------------
+    def _const(self, name: str, device: torch.device, n: int = 0) -> torch.Tensor:
+        key = (name, device, n)
+        if key not in self._cache:
+            if name == "never":
+                v = self._never_cpu
+            elif name == "allowed":
+                v = self._allowed_cpu
+            elif name == "len_bounds":
+                v = self._len_bounds_cpu
+            elif name == "arange":
+                v = torch.arange(n, dtype=torch.int64)
+            else:   # Weyl increments of one stream: offset + i * golden (wrapping)
+                v = torch.arange(n, dtype=torch.int64) * _GOLDEN + (_STREAM_POS if name == "pos" else _STREAM_SPAN)
+            self._cache[key] = v.to(device)
+        return self._cache[key]
 
     # -- randomness -----------------------------------------------------------------------------------
-    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        if device not in self._dev:
-            self._dev[device] = (self._never_cpu.to(device), self._allowed_cpu.to(device))
-        return self._dev[device]
-
     def _row_keys(self, b: int, device: torch.device, seq_ids, generator) -> torch.Tensor:
         if self.cfg.mode == "static":
             if seq_ids is None:
@@ -170,72 +192,72 @@ class Masker:
             seq = torch.as_tensor(seq_ids, dtype=torch.int64, device=device).reshape(-1)
             if seq.numel() != b:
                 raise ValueError(f"seq_ids has {seq.numel()} entries for a batch of {b}")
-            return _mix(_mix(seq * _GOLDEN + self._seed_key))
+            return _mix(seq * _GOLDEN + self._seed_key)
         gdev = generator.device if generator is not None else torch.device("cpu")
         keys = torch.randint(-(1 << 63), (1 << 63) - 1, (b,), generator=generator, dtype=torch.int64, device=gdev)
         return keys.to(device)
 
-    @staticmethod
-    def _hash(row_key: torch.Tensor, stream: int, n: int) -> torch.Tensor:
-        """[B, n] int64 hashes of (row key, stream, index): splitmix64 over a Weyl sequence per row."""
-        base = _mix(row_key ^ stream)
-        idx = torch.arange(n, dtype=torch.int64, device=row_key.device) * _GOLDEN
-        return _mix(base[:, None] + idx[None, :])
+    def _hash(self, row_key: torch.Tensor, stream: str, n: int) -> torch.Tensor:
+        """[B, n] int64 hashes: splitmix64 over the row's Weyl sequence (state row_key + offset + i * golden)."""
+        return _mix(row_key[:, None] + self._const(stream, row_key.device, n)[None, :])
 
     # -- selection --------------------------------------------------------------------------------------
     @staticmethod
     def _units(cand: torch.Tensor, word_start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Unit (word) index per position and the unit-start flags. Every non-candidate is a unit of its own;
         a candidate starts a unit at a word start or right after a non-candidate (robust to bad word_start)."""
-        prev = torch.zeros_like(cand)
-        prev[:, 1:] = cand[:, :-1]
-        start = ~cand | word_start | ~prev
+        start = word_start | ~cand
+        start[:, 1:] |= ~cand[:, :-1]
+        start[:, 0] = True
         return start.cumsum(1) - 1, start
 
-    def _select_whole_word(self, cand, word_start, h_sel, p) -> torch.Tensor:
+    def _select_whole_word(self, cand, word_start, sel_key, thr) -> torch.Tensor:
         uidx, start = self._units(cand, word_start)
         b, t = cand.shape
-        # the key of a word is the key drawn at its first token; spread it over the word by unit index
-        slot = torch.where(start, uidx, t)
-        keys = torch.empty(b, t + 1, dtype=torch.float32, device=cand.device)
-        keys.scatter_(1, slot, _hi24(h_sel))
-        return (keys.gather(1, uidx) < p) & cand
+        # a word is selected when the key drawn at its first token is below thr; spread that over the word
+        # (scatter-add of 0/1 flags: only the start contributes; torch.where is slow on CPU, so avoided)
+        chosen = torch.zeros(b, t, dtype=torch.int64, device=cand.device)
+        chosen.scatter_add_(1, uidx, ((sel_key < thr) & start).to(torch.int64))
+        return chosen.gather(1, uidx).bool() & cand
 
     def _select_span(self, cand, word_start, row_key, p) -> torch.Tensor:
         cfg, dev = self.cfg, cand.device
         b, t = cand.shape
-        uidx, start = self._units(cand, word_start)
-        # per unit: is it a boundary (non-candidate, or past the row's last unit)? and its candidate tokens
-        slot = torch.where(start, uidx, t)
-        bound = torch.ones(b, t + 1, dtype=torch.bool, device=dev)
-        bound.scatter_(1, slot, ~cand)
-        bound[:, t] = True
+        uidx, _ = self._units(cand, word_start)
+        # candidate tokens per unit; a unit with none is a boundary (a special, padding, or past the row's end)
         tok = torch.zeros(b, t + 2, dtype=torch.int64, device=dev)
         tok[:, 1:].scatter_add_(1, uidx, cand.to(torch.int64))
-        prefix = tok.cumsum(1)                                    # prefix[u] = candidate tokens in units < u
-        pos = torch.arange(t + 1, device=dev).expand(b, t + 1)
-        nxt = torch.where(bound, pos, t).flip(1).cummin(1).values.flip(1)   # first boundary unit >= u
+        bound = (tok[:, 1:] == 0).to(torch.int64)
+        bound[:, t] = 1
+        prefix = tok.cumsum_(1)                                   # prefix[u] = candidate tokens in units < u
+        ar = self._const("arange", dev, t + 1)
+        nxt = (t - bound * (t - ar)).flip(1).cummin(1).values.flip(1)   # first boundary unit >= u
         # renewal tiling: span, gap, span, gap, ... from a random phase; m spans always reach unit t
         gap = 1 if p <= 0.75 * self._mean_span / (self._mean_span + 1) else 0
         m = t // (1 + gap) + 1
-        h = self._hash(row_key, _STREAM_SPAN, m + 1)
-        u_len = _hi24(h[:, :m])
-        length = (torch.log1p(-u_len) / math.log1p(-cfg.span_p)).floor().to(torch.int64) + 1
-        length = length.clamp_(1, cfg.span_max)
-        phase = _below(h[:, m], int(math.ceil(self._mean_span)) + gap)
-        step = length + gap
-        s = (step.cumsum(1) - step + phase[:, None]).clamp_(max=t)
+        h = self._hash(row_key, "span", m + 1)
+        hs = h[:, :m]
+        u_len = _shr(hs, 64 - _SPAN_BITS).to(torch.float32) * (2.0 ** -_SPAN_BITS)
+        length = (torch.log1p(-u_len) * (1.0 / math.log1p(-cfg.span_p))).to(torch.int64)  # trunc = floor, >= 0
+        length = length.add_(1).clamp_(max=cfg.span_max)        # Geometric(span_p) on {1, 2, ...}, clipped
+        phase = ((h[:, m] & _LOW32) * (int(math.ceil(self._mean_span)) + gap)) >> 32
+        stride = length + gap
+        s = stride.cumsum(1)
+        s -= stride
+        s += phase[:, None]
+        s.clamp_(max=t)
         e = torch.minimum(s + length, nxt.gather(1, s))           # clipped at the next boundary unit
         covered = prefix.gather(1, e) - prefix.gather(1, s)       # candidate tokens per span
-        budget = p * cand.sum(1).to(torch.float32)
-        avail = covered.sum(1).to(torch.float32)
-        keep_p = torch.where(avail > 0, budget / avail.clamp(min=1), torch.zeros_like(avail)).clamp_(max=1.0)
-        keep = ((_mid24(h[:, :m]) < keep_p[:, None]) & (e > s)).to(torch.int64)
+        # keep each span with probability budget / tokens covered by all spans: E[selected] = p * candidates
+        keep_p = (p * cand.sum(1)) / covered.sum(1).clamp(min=1)
+        keep_thr = (keep_p.clamp_(max=1.0) * (1 << _SPAN_BITS)).round_().to(torch.int64)
+        keep = (((hs >> 16) & ((1 << _SPAN_BITS) - 1)) < keep_thr[:, None]) & (e > s)
+        keep = keep.to(torch.int64)
         diff = torch.zeros(b, t + 2, dtype=torch.int64, device=dev)
         diff.scatter_add_(1, s, keep)
         diff.scatter_add_(1, e, -keep)
-        cover = diff.cumsum(1)[:, : t + 1] > 0
-        return cover.gather(1, uidx) & cand
+        cover = diff.cumsum_(1).gather(1, uidx)                  # 0/1: kept spans never overlap
+        return cover.bool() & cand
 
     # -- public -----------------------------------------------------------------------------------------
     def __call__(self, input_ids: torch.Tensor, word_start: torch.Tensor, step: int,
@@ -244,31 +266,33 @@ class Masker:
             raise ValueError(f"expected input_ids and word_start of the same shape [B, T], got "
                              f"{tuple(input_ids.shape)} and {tuple(word_start.shape)}")
         ids = input_ids.to(torch.int64)
+        dev = ids.device
         b, t = ids.shape
         p = masking_rate(self.cfg, step, self.total_steps)
-        never, allowed = self._tables(ids.device)
-        cand = ~never[ids]
-        ws = word_start.to(device=ids.device, dtype=torch.bool)
-        row_key = self._row_keys(b, ids.device, seq_ids, generator)
+        cand = ~torch.take(self._const("never", dev), ids)
+        ws = word_start.to(device=dev, dtype=torch.bool)
+        row_key = self._row_keys(b, dev, seq_ids, generator)
+        h = self._hash(row_key, "pos", t)                          # one 64-bit hash per position
         strategy = self.cfg.strategy
         if strategy == "span":
             sel = self._select_span(cand, ws, row_key, p)
         else:
-            h_sel = self._hash(row_key, _STREAM_SELECT, t)
+            sel_key, thr = _shr(h, 64 - _SEL_BITS), _threshold(p, _SEL_BITS)
             if strategy == "token":
-                sel = (_hi24(h_sel) < p) & cand
+                sel = (sel_key < thr) & cand
             elif strategy == "whole_word":
-                sel = self._select_whole_word(cand, ws, h_sel, p)
+                sel = self._select_whole_word(cand, ws, sel_key, thr)
             else:
                 raise ValueError(f"unknown masking strategy {strategy!r}")
-        # 80/10/10 per token: one hash gives the action (bits 16..39) and the random id (low 32 bits)
-        h_act = self._hash(row_key, _STREAM_ACTION, t)
-        u = _mid24(h_act)
-        pm, pr = self.cfg.mask_token_prob, self.cfg.random_token_prob
-        rand_ids = allowed[_below(h_act, allowed.numel())]
-        out = torch.where(sel & (u < pm), self.mask_id, ids)
-        out = torch.where(sel & (u >= pm) & (u < pm + pr), rand_ids, out)
-        labels = torch.where(sel, ids, IGNORE_INDEX)
+        # 80/10/10, decided per token (also inside whole words and spans)
+        act = (h >> _ACT_SHIFT) & ((1 << _ACT_BITS) - 1)
+        to_mask = sel & (act < self._act_mask)
+        to_rand = sel & (act < self._act_rand) & ~to_mask
+        allowed = self._const("allowed", dev)
+        rid = torch.take(allowed, ((h & ((1 << _RID_BITS) - 1)) * allowed.numel()) >> _RID_BITS)
+        out = _blend(ids, to_mask, self.mask_id)
+        out = _blend(out, to_rand, rid)
+        labels = _blend(ids, ~sel, IGNORE_INDEX)
         return MaskedBatch(out, labels, sel, p)
 
     def state_dict(self) -> dict:

@@ -23,11 +23,14 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from mlm_core import stages
 from mlm_core.configio import load_config
 from mlm_core.store import StageStore
-from tasks import publish
+from tasks import publish, registry
 from tasks.tracking import Tracker
 from tasks.validation import ValidationFailed, validate_stage
 
 log = logging.getLogger(__name__)
+
+# Stage-specific steps after the stage's MLflow run is logged (e.g. registering the trained model).
+POST_LOG = {"pretrain": registry.register_pretrained}
 
 
 def _logger():
@@ -80,6 +83,7 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
             tags=tags, artifacts=figures, artifact_dir="plots")
     if report is not None:
         tracker.log_text(run_id, report.summary_markdown(), "validation/summary.md")
+    registered = POST_LOG[name](art, tracker, run_id, lc.config) if name in POST_LOG else None
     url = tracker.run_url(run_id)
     create_markdown_artifact(key=f"{name}-summary", markdown=publish.stage_markdown(name, art, hit, seconds, report, url),
                              description=f"{name}: {'cache hit' if hit else 'ran'}")
@@ -88,5 +92,6 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
         create_table_artifact(key=f"{name}-stats", table=rows, description=f"{name}: per-language statistics")
     logger.info("%s: %s %s in %.1fs -> %s", name, "cached" if hit else "ran", art.fingerprint, seconds, art.path)
     return {"stage": name, "fingerprint": art.fingerprint, "path": str(art.path), "cache_hit": hit,
+            "model_version": registered,
             "seconds": round(seconds, 3), "mlflow_run_id": run_id,
             "validation": tags["validation"], "counts": json.loads(json.dumps(art.manifest.get("counts", {})))}

@@ -1,6 +1,7 @@
-"""Statistical and contract tests of mlm_core.masking over ~1M tokens per check (64 batches of 128 x 128)."""
+"""Statistical and contract tests of mlm_core.masking over >= 1M candidate tokens per check (80 batches of 128 x 128)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -15,7 +16,7 @@ PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 SPECIALS = [PAD, UNK, CLS, SEP, MASK]
 NEVER = [PAD, CLS, SEP, MASK]
 VOCAB = 1000
-B, T, N_BATCHES = 128, 128, 64
+B, T, N_BATCHES = 128, 128, 80
 
 
 def make_rows(n: int, t: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,6 +40,11 @@ def make_rows(n: int, t: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor
 
 @pytest.fixture(scope="module")
 def rows() -> tuple[torch.Tensor, torch.Tensor]:
+    return corpus()
+
+
+@functools.lru_cache(maxsize=1)
+def corpus() -> tuple[torch.Tensor, torch.Tensor]:
     return make_rows(B * N_BATCHES, T)
 
 
@@ -47,11 +53,12 @@ def masker(**kw) -> Masker:
     return Masker(MaskingConfig(**kw), VOCAB, SPECIALS, MASK, seed=seed, total_steps=1000, unk_id=UNK)
 
 
-def run_all(m: Masker, rows, seed: int = 0, step: int = 0) -> MaskedBatch:
-    """Mask the corpus batch by batch (64 calls) and concatenate."""
-    ids, ws = rows
-    g = torch.Generator().manual_seed(seed)
-    outs = [m(ids[i:i + B], ws[i:i + B], step, seq_ids=torch.arange(i, i + B), generator=g)
+@functools.lru_cache(maxsize=16)
+def masked(**kw) -> MaskedBatch:
+    """The whole corpus masked batch by batch (80 calls, one generator), cached across tests."""
+    ids, ws = corpus()
+    m, g = masker(**kw), torch.Generator().manual_seed(0)
+    outs = [m(ids[i:i + B], ws[i:i + B], 0, seq_ids=torch.arange(i, i + B), generator=g)
             for i in range(0, ids.shape[0], B)]
     return MaskedBatch(torch.cat([o.input_ids for o in outs]), torch.cat([o.labels for o in outs]),
                        torch.cat([o.selected for o in outs]), outs[0].rate)
@@ -71,15 +78,10 @@ def units(ids: torch.Tensor, ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def assert_words_whole(ids, ws, sel):
-    uidx, _ = units(ids, ws)
-    cand = candidates(ids)
-    flat = (uidx + torch.arange(ids.shape[0])[:, None] * (T + 1))[cand]
-    s = sel[cand].to(torch.int64)
-    n = int(flat.max()) + 1
-    lo = torch.full((n,), 2, dtype=torch.int64).scatter_reduce(0, flat, s, "amin")
-    hi = torch.full((n,), -1, dtype=torch.int64).scatter_reduce(0, flat, s, "amax")
-    used = hi >= 0
-    assert torch.equal(lo[used], hi[used]), "a word is partly selected"
+    """Every continuation token of a word has the selection of the token before it (same word)."""
+    _, start = units(ids, ws)
+    cont = (candidates(ids) & ~start)[:, 1:]
+    assert torch.equal(sel[:, 1:][cont], sel[:, :-1][cont]), "a word is partly selected"
 
 
 # --- selection rate, specials, whole words ------------------------------------------------------------
@@ -87,9 +89,9 @@ def assert_words_whole(ids, ws, sel):
 @pytest.mark.parametrize("rate", [0.15, 0.3])
 def test_selection_rate_and_specials(rows, strategy, rate):
     ids, ws = rows
-    out = run_all(masker(strategy=strategy, rate=rate), rows)
+    out = masked(strategy=strategy, rate=rate)
     cand = candidates(ids)
-    assert cand.sum() > 1_000_000 * 0.9
+    assert cand.sum() >= 1_000_000, "statistics over at least 1M candidate tokens"
     assert not out.selected[~cand].any(), "a special or padding token was selected"
     assert abs(out.selected.sum().item() / cand.sum().item() - rate) < 0.005
     assert out.selected[ids == UNK].any(), "UNK is an ordinary candidate when unk_id is given"
@@ -98,6 +100,13 @@ def test_selection_rate_and_specials(rows, strategy, rate):
     assert torch.equal(out.input_ids[~out.selected], ids[~out.selected])
     if strategy != "token":
         assert_words_whole(ids, ws, out.selected)
+
+
+def test_word_check_catches_split_words():
+    """Sanity of the checker itself: token masking does split words."""
+    ids, ws = corpus()
+    with pytest.raises(AssertionError, match="partly"):
+        assert_words_whole(ids, ws, masked(strategy="token", rate=0.15).selected)
 
 
 def test_unk_never_selected_without_unk_id(rows):
@@ -110,7 +119,7 @@ def test_unk_never_selected_without_unk_id(rows):
 @pytest.mark.parametrize("strategy", ["token", "whole_word", "span"])
 def test_80_10_10_split(rows, strategy):
     ids, _ = rows
-    out = run_all(masker(strategy=strategy, mask_token_prob=0.8, random_token_prob=0.1), rows)
+    out = masked(strategy=strategy, rate=0.15)
     sel = out.selected
     n = sel.sum().item()
     masked = (sel & (out.input_ids == MASK)).sum().item() / n
@@ -130,7 +139,7 @@ def test_mean_span_length(rows, span_p, span_max, rate):
     before the end of their document cannot have been clipped, and choosing them looks only at the start,
     so their mean length estimates E[min(L, span_max)] without bias."""
     ids, ws = rows
-    out = run_all(masker(strategy="span", rate=rate, span_p=span_p, span_max=span_max), rows)
+    out = masked(strategy="span", rate=rate, span_p=span_p, span_max=span_max)
     assert_words_whole(ids, ws, out.selected)
     uidx, start = units(ids, ws)
     cand = candidates(ids)
@@ -245,7 +254,9 @@ def test_hash_rng_is_uniform():
     out = m(ids, torch.ones_like(ids, dtype=torch.uint8), 0, seq_ids=torch.arange(4096))
     s = out.selected.double()
     assert abs(s.mean().item() - 0.5) < 0.002
-    assert s.mean(0).sub(0.5).abs().max() < 0.04 and s.mean(1).sub(0.5).abs().max() < 0.07
+    # per-position and per-sequence rates scatter as binomial noise does (no stuck bits, no bad seeds)
+    assert s.mean(0).std().item() == pytest.approx(0.5 / math.sqrt(4096), rel=0.15)
+    assert s.mean(1).std().item() == pytest.approx(0.5 / math.sqrt(256), rel=0.1)
     # neighbours (positions, sequences) are uncorrelated
     assert abs(((s[:, 1:] - 0.5) * (s[:, :-1] - 0.5)).mean().item()) < 0.002
     assert abs(((s[1:] - 0.5) * (s[:-1] - 0.5)).mean().item()) < 0.002

@@ -203,8 +203,11 @@ def test_public_host_without_credentials_refuses(tmp_path):
 # ------------------------------------------------------------------------------ real servers
 @pytest.mark.slow
 def test_auth_refuses_unauthenticated_requests(tmp_path):
+    import importlib.util
+
     from flows.serve import http_get, http_post_json
 
+    assert importlib.util.find_spec("flask_wtf"), "MLflow's basic-auth app needs Flask-WTF: install mlflow[auth]"
     cred = "mlm:correct-horse-battery"
     auth_file = tmp_path / "auth.txt"
     auth_file.write_text(f"# user:password\n{cred}\n")
@@ -250,7 +253,7 @@ def test_deployments_end_to_end_with_real_servers(tmp_path):
 
         with prefect_client_settings(api, wd / "prefect"):
             # 1. the full pipeline, as the UI's "Run" button does it
-            fr = run_deployment("mlm-pipeline/default", parameters=params, timeout=180)
+            fr = run_deployment("mlm-pipeline/default", parameters=params, timeout=180, poll_interval=1)
             assert fr.state is not None and fr.state.is_completed(), f"{fr.state}\n{_worker_log(wd)}"
 
             exp = client.get_experiment_by_name("mlm-e2e")
@@ -277,7 +280,8 @@ def test_deployments_end_to_end_with_real_servers(tmp_path):
             assert {"normalize-summary", "normalize-stats"} <= keys, keys
 
             # 2. one stage deployment, forced: only that stage executes, in a new pipeline run
-            fr2 = run_deployment("mlm-normalize/default", parameters={**params, "force": True}, timeout=180)
+            fr2 = run_deployment("mlm-normalize/default", parameters={**params, "force": True}, timeout=180,
+                                 poll_interval=1)
             assert fr2.state is not None and fr2.state.is_completed(), f"{fr2.state}\n{_worker_log(wd)}"
 
         runs = client.search_runs([exp.experiment_id])

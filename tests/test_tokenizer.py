@@ -113,6 +113,7 @@ def test_trains_with_fixed_special_ids(trained, algo):
         assert m["special_tokens"][role]["token"] == token
     assert sorted(t for t, _ in special_ids(STYLES[algo]).values()) == sorted(
         tok.id_to_token(i) for i in range(5))
+    assert sorted(tok.get_added_tokens_decoder()) == [0, 1, 2, 3, 4]   # (WordPiece's ##c helpers are not added)
     enc = tok.encode("Le café était très chaud.")
     assert enc.ids[0] == special_ids(STYLES[algo])["cls"][1] and enc.ids[-1] == special_ids(STYLES[algo])["sep"][1]
     assert m["counts"]["train_seconds"] >= 0 and m["sample"]["bytes"] == m["counts"]["sample_bytes"] > 0

@@ -119,13 +119,16 @@ def distinct_chars(texts: Iterable[str]) -> set[str]:
 
 
 def alphabet_size(tok: Tokenizer, cfg: TokenizerConfig, chars: set[str]) -> tuple[int, int]:
-    """(distinct non-space characters after the tokenizer's normalizer, of which ``##c`` continuations too).
+    """(alphabet characters, extra ``##c`` continuation tokens) the vocabulary must hold before any merge.
 
-    Byte-level BPE always starts from the 256 bytes; WordPiece also needs a ``##c`` per word-internal character.
+    Characters are the distinct non-space ones after the tokenizer's normalizer. Byte-level BPE always
+    starts from the 256 bytes; WordPiece also needs a ``##c`` per word-internal character.
     """
     if cfg.algorithm == "bpe":
         return BYTE_ALPHABET, 0
     normalized = {n for c in chars for n in tok.normalizer.normalize_str(c) if not n.isspace()}
+    if cfg.algorithm == "unigram":
+        normalized.add("▁")   # Metaspace's word-boundary symbol is a character of the alphabet too
     return len(normalized), (len(continuation_chars(tok, chars)) if cfg.algorithm == "wordpiece" else 0)
 
 

@@ -94,13 +94,13 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------- RNG states
-def rng_state(generator: torch.Generator | None) -> tuple[dict, dict]:
-    """(tensors for rng-rank<r>.pt, plain lists for rng-rank<r>.json)."""
+def rng_state(generators: dict[str, torch.Generator] | None = None) -> tuple[dict, dict]:
+    """(tensors for rng-rank<r>.pt, plain lists for rng-rank<r>.json). ``generators``: the loop's own streams."""
     tensors = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         tensors["torch_cuda"] = torch.cuda.get_rng_state_all()
-    if generator is not None:
-        tensors["loop_generator"] = generator.get_state()
+    for name, g in (generators or {}).items():
+        tensors[f"gen_{name}"] = g.get_state()
     name, keys, pos, has_gauss, cached = np.random.get_state()
     version, pstate, gauss = random.getstate()
     lists = {"numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
@@ -108,12 +108,14 @@ def rng_state(generator: torch.Generator | None) -> tuple[dict, dict]:
     return tensors, lists
 
 
-def set_rng_state(tensors: dict, lists: dict, generator: torch.Generator | None) -> None:
+def set_rng_state(tensors: dict, lists: dict, generators: dict[str, torch.Generator] | None = None) -> None:
     torch.set_rng_state(tensors["torch_cpu"])
     if "torch_cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(tensors["torch_cuda"])
-    if generator is not None and "loop_generator" in tensors:
-        generator.set_state(tensors["loop_generator"])
+    for name, g in (generators or {}).items():
+        if f"gen_{name}" not in tensors:
+            raise CheckpointError(f"checkpoint has no state for the {name!r} random generator")
+        g.set_state(tensors[f"gen_{name}"])
     name, keys, pos, has_gauss, cached = lists["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     version, pstate, gauss = lists["python"]
@@ -188,7 +190,7 @@ def _broadcast_name(name: str | None, world_size: int) -> str:
 
 
 def save_checkpoint(root: Path, step: int, *, model: torch.nn.Module, optimizer, scheduler, sampler_state: dict,
-                    generator: torch.Generator | None, counters: dict, arch: dict, config_fp: str,
+                    generators: dict[str, torch.Generator] | None, counters: dict, arch: dict, config_fp: str,
                     keep: int, rank: int = 0, world_size: int = 1) -> Path:
     """Write one checkpoint atomically (collective when world_size > 1); returns its final folder."""
     root = Path(root)
@@ -202,7 +204,7 @@ def save_checkpoint(root: Path, step: int, *, model: torch.nn.Module, optimizer,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     tmp = root / _broadcast_name(tmp_name, world_size)
-    tensors, lists = rng_state(generator)
+    tensors, lists = rng_state(generators)
     torch.save(plain(tensors), tmp / f"rng-rank{rank}.pt")
     _write_json(tmp / f"rng-rank{rank}.json", lists)
     _write_json(tmp / f"sampler-rank{rank}.json", sampler_state)
@@ -331,7 +333,7 @@ def check_arch(path: Path, meta: dict, arch: dict) -> None:
 
 # ------------------------------------------------------------------------------------------- load
 def load_checkpoint(path: Path, meta: dict, *, model: torch.nn.Module, optimizer, scheduler,
-                    generator: torch.Generator | None, rank: int = 0) -> dict:
+                    generators: dict[str, torch.Generator] | None = None, rank: int = 0) -> dict:
     """Restore model, optimizer, scheduler and this rank's RNG states; returns {"sampler": ..., "state": ...}."""
     path = Path(path)
     sd: dict[str, torch.Tensor] = dict(load_file(str(path / "model.safetensors")))
@@ -348,7 +350,7 @@ def load_checkpoint(path: Path, meta: dict, *, model: torch.nn.Module, optimizer
         sampler = json.loads((path / "sampler-rank0.json").read_text())
     else:
         set_rng_state(torch.load(path / f"rng-rank{r}.pt", weights_only=True),
-                      json.loads((path / f"rng-rank{r}.json").read_text()), generator)
+                      json.loads((path / f"rng-rank{r}.json").read_text()), generators)
         sampler = json.loads((path / f"sampler-rank{r}.json").read_text())
     state = json.loads((path / "state.json").read_text())
     return {"sampler": sampler, "state": state}

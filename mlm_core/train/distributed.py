@@ -1,0 +1,221 @@
+"""Multi-process training: the torchrun launcher (caller side) and rank setup / model wrapping (worker side).
+
+Caller: ``launch(args, dist_cfg, run_dir, metrics_cb=...)`` runs
+``python -m torch.distributed.run --nproc_per_node N [...] -m mlm_core.train.worker <run_dir>/worker-args.json``
+as a subprocess in its own process group, streams every output line to the logger, forwards the metrics
+lines rank 0 prints (``@@MLM_METRICS {json}``) to ``metrics_cb``, and returns rank 0's ``result.json``.
+On failure it raises ``DistributedTrainingError`` carrying the first failing rank's traceback (each worker
+writes ``<run_dir>/errors/rank<r>.txt`` before exiting). It never hangs: torchrun stops every rank when
+one fails, collectives time out after ``timeout_s``, and a wall-clock guard kills the whole group when no
+line and no heartbeat arrived for ``timeout_s`` seconds.
+
+Worker: ``setup()`` reads RANK / WORLD_SIZE / LOCAL_RANK, picks the backend (gloo on CPU, nccl on CUDA)
+and calls ``init_process_group`` with the timeout. ``wrap_model`` returns DDP, or the module sharded
+in place with FSDP2 ``fully_shard`` (each transformer block, then the root).
+"""
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from mlm_core.errors import StageError
+
+log = logging.getLogger(__name__)
+METRICS_PREFIX = "@@MLM_METRICS "
+HEARTBEAT_PREFIX = "@@MLM_HB "
+ERROR_DIR_ENV = "MLM_ERROR_DIR"
+
+
+class DistributedTrainingError(StageError):
+    """A multi-process run that failed or stalled; the message carries the failing rank's error."""
+
+
+# ------------------------------------------------------------------------------------------------ worker side
+def env_ranks() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from torchrun's environment; (0, 1, 0) without it."""
+    return (int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def pick_backend(requested: str, device: torch.device) -> str:
+    if requested == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if requested == "nccl" and device.type != "cuda":
+        raise DistributedTrainingError("distributed.backend nccl needs CUDA devices; use gloo (or auto) on CPU")
+    return requested
+
+
+def setup(backend: str, device: torch.device, timeout_s: int) -> tuple[int, int, int]:
+    """Join the process group when WORLD_SIZE > 1; returns (rank, world_size, local_rank)."""
+    rank, world, local = env_ranks()
+    if world > 1 and not torch.distributed.is_initialized():
+        import torch.distributed as dist
+        if device.type == "cuda":
+            torch.cuda.set_device(local)
+        kw = {"device_id": torch.device("cuda", local)} if device.type == "cuda" else {}
+        dist.init_process_group(pick_backend(backend, device), timeout=datetime.timedelta(seconds=timeout_s), **kw)
+    return rank, world, local
+
+
+def teardown() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def all_reduce_sum(t: torch.Tensor, world_size: int, device: torch.device) -> torch.Tensor:
+    """Sum a small tensor over ranks (identity for one process). Moves it to the collective's device."""
+    if world_size == 1:
+        return t
+    import torch.distributed as dist
+    dev = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    x = t.to(dev).clone()
+    dist.all_reduce(x)
+    return x.to(t.device)
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    from mlm_core.model import MLMEncoder
+    return [b for m in model.modules() if isinstance(m, MLMEncoder) for b in m.blocks]
+
+
+def wrap_model(model: nn.Module, dist_cfg, device: torch.device, world_size: int) -> nn.Module:
+    """DDP, FSDP2 (dist_cfg.fsdp) or the model itself for one process."""
+    if world_size == 1:
+        return model
+    if dist_cfg.fsdp:
+        from torch.distributed.fsdp import fully_shard
+        for block in _blocks(model):
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def write_error(rank: int, text: str) -> None:
+    d = os.environ.get(ERROR_DIR_ENV)
+    if d:
+        Path(d).mkdir(parents=True, exist_ok=True)
+        (Path(d) / f"rank{rank}.txt").write_text(text, encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------------ caller side
+def torchrun_command(dist_cfg, args_file: Path, module: str = "mlm_core.train.worker") -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(dist_cfg.nproc_per_node),
+           "--nnodes", str(dist_cfg.nnodes), "--max_restarts", "0"]
+    if dist_cfg.nnodes == 1 and not dist_cfg.rdzv_endpoint:
+        cmd += ["--standalone"]                    # single node: a free local port, no rendezvous server
+    else:
+        if not dist_cfg.rdzv_endpoint:
+            raise DistributedTrainingError("distributed.nnodes > 1 needs distributed.rdzv_endpoint (host:port)")
+        cmd += ["--node_rank", str(dist_cfg.node_rank), "--rdzv_backend", dist_cfg.rdzv_backend,
+                "--rdzv_endpoint", dist_cfg.rdzv_endpoint]
+    return cmd + ["-m", module, str(args_file)]
+
+
+def _reader(stream, q: queue.Queue) -> None:
+    for line in iter(stream.readline, ""):
+        q.put(line.rstrip("\n"))
+    q.put(None)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _rank_errors(err_dir: Path) -> list[tuple[float, int, str]]:
+    out = []
+    for f in err_dir.glob("rank*.txt") if err_dir.is_dir() else []:
+        try:
+            out.append((f.stat().st_mtime, int(f.stem[4:]), f.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            pass
+    return sorted(out)
+
+
+def launch(args: dict, dist_cfg, run_dir: Path, *, metrics_cb: Callable[[dict], None] | None = None,
+           module: str = "mlm_core.train.worker", stall_timeout_s: float | None = None,
+           env: dict | None = None) -> dict:
+    """Run the worker under torchrun; returns rank 0's result dict (see the module docstring)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    err_dir = run_dir / "errors"
+    for f in err_dir.glob("rank*.txt"):
+        f.unlink()
+    (run_dir / "result.json").unlink(missing_ok=True)
+    args_file = run_dir / "worker-args.json"
+    args_file.write_text(json.dumps({**args, "result_file": str(run_dir / "result.json")}, indent=1),
+                         encoding="utf-8")
+    cmd = torchrun_command(dist_cfg, args_file, module)
+    procs = dist_cfg.nproc_per_node
+    penv = {**os.environ, "PYTHONUNBUFFERED": "1", ERROR_DIR_ENV: str(err_dir), **(env or {})}
+    penv.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // procs)))
+    stall = float(stall_timeout_s or dist_cfg.timeout_s)
+    log.info("launching %d-process training: %s", procs * dist_cfg.nnodes, " ".join(cmd))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=penv,
+                            start_new_session=True, bufsize=1)
+    q: queue.Queue = queue.Queue()
+    threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
+    tail: collections.deque = collections.deque(maxlen=60)
+    last, stalled = time.monotonic(), False
+    try:
+        while True:
+            try:
+                line = q.get(timeout=1.0)
+            except queue.Empty:
+                if time.monotonic() - last > stall:
+                    stalled = True
+                    _kill_group(proc)
+                    break
+                continue
+            if line is None:
+                break
+            last = time.monotonic()
+            if line.startswith(METRICS_PREFIX):
+                if metrics_cb is not None:
+                    metrics_cb(json.loads(line[len(METRICS_PREFIX):]))
+            elif not line.startswith(HEARTBEAT_PREFIX):
+                tail.append(line)
+                log.info("%s", line)
+        rc = proc.wait(timeout=60)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    if stalled:
+        raise DistributedTrainingError(f"distributed training made no progress for {stall:.0f} s "
+                                       f"(distributed.timeout_s): all ranks were stopped. Last output:\n"
+                                       + "\n".join(list(tail)[-15:]))
+    if rc != 0:
+        errors = _rank_errors(err_dir)
+        if errors:
+            _, rank, text = errors[0]
+            raise DistributedTrainingError(f"distributed training failed on rank {rank} (torchrun exit code {rc}):\n"
+                                           + "\n".join(text.strip().splitlines()[-25:]))
+        raise DistributedTrainingError(f"torchrun exited with code {rc}; last output:\n" + "\n".join(list(tail)[-25:]))
+    return json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
+
+
+__all__ = ["DistributedTrainingError", "launch", "setup", "teardown", "wrap_model", "all_reduce_sum",
+           "env_ranks", "torchrun_command", "METRICS_PREFIX", "HEARTBEAT_PREFIX"]

@@ -1,0 +1,416 @@
+"""The pretraining loop: sample -> mask -> forward/backward (x grad_accum) -> clip -> AdamW step, with
+metrics, per-language validation, atomic checkpoints and exact resume.
+
+In: a ``PretrainConfig``, a ``ShardDataset`` (train + validation rows, sampling table, special ids), a model
+from ``build_model`` and a working folder. Out: ``<out_dir>/metrics.jsonl`` (one JSON object per log /
+eval), ``<out_dir>/checkpoints/step-*`` and a result dict (final loss, per-language eval, unigram baseline).
+
+Loss normalisation: every micro-batch's mean loss is re-weighted by its share of the *global* batch's
+predictions (counted before the forward passes, all-reduced across ranks), so the update equals one big
+batch's mean loss: W ranks x accumulation k is the same optimizer step as 1 rank x accumulation W*k.
+ELECTRA (Clark et al., 2020): a generator ``MLMEncoder`` (width x generator_fraction) sharing the
+word embeddings; its samples replace the masked positions; the discriminator (encoder + binary head)
+predicts replaced / original on every non-pad token; loss = mlm_gen + disc_weight x bce.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlm_core.config import PretrainConfig
+from mlm_core.train import checkpoint as ckpt
+from mlm_core.train.optim import build_optimizer
+
+log = logging.getLogger(__name__)
+PEAK_FLOPS = {"cpu": 175e9, "cuda": 989e12}      # defaults when cfg.peak_flops is unset (per process)
+_NO_EVAL = ("log_every", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "device",
+            "registered_model", "peak_flops", "distributed")
+
+
+# ------------------------------------------------------------------------------------------------ models
+class _Tied(nn.Module):
+    """Output projection onto a shared embedding table."""
+
+    def __init__(self, emb: nn.Embedding):
+        super().__init__()
+        self.emb = emb
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.emb.weight)
+
+
+class ElectraModel(nn.Module):
+    """Generator + discriminator; the generator reads (and, when tied, predicts with) the shared embeddings
+    through a projection to its smaller width."""
+
+    def __init__(self, disc_arch, gen_arch):
+        super().__init__()
+        from mlm_core.model import MLMEncoder
+        self.disc, self.gen = MLMEncoder(disc_arch), MLMEncoder(gen_arch)
+        H, Hg = disc_arch.hidden, gen_arch.hidden
+        self.disc_head = nn.Sequential(nn.Linear(H, H), nn.GELU(), nn.Linear(H, 1))
+        emb = self.disc.tok_emb
+        self.gen.tok_emb = emb if Hg == H else nn.Sequential(emb, nn.Linear(H, Hg, bias=False))
+        if gen_arch.tie_embeddings:
+            self.gen.decoder = _Tied(emb) if Hg == H else nn.Sequential(nn.Linear(Hg, H, bias=False), _Tied(emb))
+        # the discriminator's MLM head is not trained (kept so its weights load as a plain MLMEncoder)
+        frozen = [self.disc.head_dense, self.disc.head_norm] + ([] if disc_arch.tie_embeddings else [self.disc.decoder])
+        for m in frozen:
+            m.requires_grad_(False)
+        self.disc.head_bias.requires_grad_(False)
+
+    def flops_per_token(self, seq_len: int, mask_rate: float = 0.15) -> float:
+        return self.disc.flops_per_token(seq_len, 0.0) + self.gen.flops_per_token(seq_len, mask_rate)
+
+    def forward(self, input_ids, segment_ids, labels, label_smoothing: float = 0.0,
+                sample_generator: torch.Generator | None = None) -> dict:
+        g = self.gen(input_ids, segment_ids, labels, label_smoothing)
+        sel = labels != -100
+        with torch.no_grad():
+            logits = g["logits"].detach().float()
+            u = torch.rand(logits.shape, generator=sample_generator, device=logits.device).clamp_(1e-9, 1 - 1e-9)
+            sampled = (logits - torch.log(-torch.log(u))).argmax(-1)       # Gumbel-max = a sample of softmax
+            original = torch.where(sel, labels, input_ids)
+            corrupted = input_ids.masked_scatter(sel, sampled)
+            real = segment_ids != 0
+            target = (corrupted != original)[real].float()
+        d = self.disc_head(self.disc.encode(corrupted, segment_ids)[real]).squeeze(-1).float()
+        bce = F.binary_cross_entropy_with_logits(d, target)
+        return {"loss": g["loss"], "logits": g["logits"], "n_predictions": g["n_predictions"], "disc_loss": bce,
+                "n_disc": int(target.numel()), "disc_correct": ((d > 0) == (target > 0.5)).sum()}
+
+
+def build_model(cfg: PretrainConfig, vocab_size: int, pad_id: int) -> tuple[nn.Module, dict]:
+    """(model, arch dict) for cfg.objective; seed torch before calling for a reproducible init."""
+    from mlm_core.model import MLMEncoder, resolve_arch
+    disc = resolve_arch(cfg.model, vocab_size, pad_id)
+    if cfg.objective == "mlm":
+        return MLMEncoder(disc), disc.to_dict()
+    gen = resolve_arch(cfg.model, vocab_size, pad_id, scale=cfg.electra.generator_fraction)
+    return ElectraModel(disc, gen), {"discriminator": disc.to_dict(), "generator": gen.to_dict()}
+
+
+def train_fingerprint(cfg: PretrainConfig, seed: int) -> str:
+    """What determines the trajectory (logging/eval/checkpoint cadence and placement excluded)."""
+    return ckpt.config_fingerprint({"pretrain": cfg.model_dump(mode="json", exclude=set(_NO_EVAL)), "seed": seed})
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _derive(*words: int) -> int:
+    return int(np.random.SeedSequence([int(w) % 2**63 for w in words]).generate_state(1, np.uint64)[0] % 2**62)
+
+
+def resolve_device(cfg: PretrainConfig, local_rank: int = 0) -> torch.device:
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def autocast(device: torch.device, precision: str):
+    if device.type == "cuda" and precision in ("auto", "bf16"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()                 # fp32 on CPU (bf16 matmul is far slower there)
+
+
+class Rows:
+    """Batches of (language index, row) draws gathered from the memory-mapped shards (one fancy-index per language)."""
+
+    def __init__(self, ds, split: str, langs: list[str]):
+        self.cols = [ds.columns(split, lang) for lang in langs]
+        self.seq_len = ds.seq_len
+        sizes = [len(c["input_ids"]) for c in self.cols]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)   # global sequence ids
+
+    def gather(self, li: np.ndarray, rows: np.ndarray) -> dict[str, torch.Tensor]:
+        B, T = len(rows), self.seq_len
+        ids, seg, ws = np.empty((B, T), np.int64), np.empty((B, T), np.int32), np.empty((B, T), np.bool_)
+        for lang_i in np.unique(li):
+            sel, c = li == lang_i, self.cols[lang_i]
+            ids[sel] = c["input_ids"].take(rows[sel])
+            seg[sel] = c["segment_ids"].take(rows[sel])
+            ws[sel] = c["word_start"].take(rows[sel]).view(np.bool_)
+        return {"input_ids": torch.from_numpy(ids), "segment_ids": torch.from_numpy(seg),
+                "word_start": torch.from_numpy(ws), "seq_ids": torch.from_numpy(self.offsets[li] + rows)}
+
+
+class Progress:
+    """A one-line ``\\r`` progress display on stderr, only when it is a terminal."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.on, self.t0 = total, enabled and sys.stderr.isatty(), time.time()
+
+    def update(self, step: int, loss: float | None) -> None:
+        if self.on:
+            rate = step / max(time.time() - self.t0, 1e-9)
+            sys.stderr.write(f"\rpretrain {step}/{self.total} loss {loss if loss is None else round(loss, 4)} "
+                             f"{rate:.2f} it/s ")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.on:
+            sys.stderr.write("\n")
+
+
+def unigram_top(ds, langs: list[str], specials: list[int], vocab_size: int, max_rows: int = 2048) -> dict[str, int]:
+    """Per language, the most frequent non-special training token id (the unigram baseline's prediction)."""
+    top = {}
+    for lang in langs:
+        ids = ds.columns("train", lang)["input_ids"]
+        counts = np.bincount(np.asarray(ids.take(np.arange(min(len(ids), max_rows)))).reshape(-1),
+                             minlength=vocab_size)
+        counts[specials] = 0
+        top[lang] = int(counts.argmax())
+    return top
+
+
+class Evaluator:
+    """Fixed validation batches per language, masked once with a fixed seed so every pass is comparable."""
+
+    def __init__(self, cfg: PretrainConfig, ds, masker_cls, vocab: int, specials: dict, seed: int):
+        fixed = cfg.masking.model_copy(update={"mode": "dynamic", "schedule": "constant"})
+        masker = masker_cls(fixed, vocab, sorted(specials.values()), specials["mask"], seed, 1,
+                            unk_id=specials.get("unk"))
+        langs = ds.languages("validation")
+        self.top = unigram_top(ds, [lg for lg in langs if lg in ds.languages("train")],
+                               sorted(specials.values()), vocab)
+        self.batches: dict[str, list] = {}
+        B = cfg.batch_size
+        for i, lang in enumerate(langs):
+            n = len(ds.columns("validation", lang)["input_ids"])
+            if n == 0 or lang not in self.top:
+                continue
+            g = torch.Generator().manual_seed(_derive(seed, 17, i))
+            idx = np.arange(B * cfg.eval_batches) % n
+            out = []
+            for k in range(cfg.eval_batches):
+                b = ds.get_batch("validation", lang, idx[k * B:(k + 1) * B])
+                m = masker(b["input_ids"], b["word_start"], 0, generator=g)
+                out.append((m.input_ids, b["segment_ids"].to(torch.int32), m.labels))
+            self.batches[lang] = out
+        self.seed = seed
+
+    @torch.no_grad()
+    def __call__(self, model: nn.Module, device: torch.device, precision: str) -> dict[str, dict]:
+        was = model.training
+        model.eval()
+        res = {}
+        for i, (lang, batches) in enumerate(self.batches.items()):
+            sg = torch.Generator(device=device).manual_seed(_derive(self.seed, 23, i))
+            loss = correct = base = n = dcorrect = dn = 0.0
+            for ids, seg, labels in batches:
+                ids, seg, labels = ids.to(device), seg.to(device), labels.to(device)
+                kw = {"sample_generator": sg} if isinstance(_core(model), ElectraModel) else {}
+                with autocast(device, precision):
+                    out = model(ids, seg, labels, 0.0, **kw)
+                y = labels[labels != -100]
+                logits = out["logits"].float()
+                loss += float(F.cross_entropy(logits, y, reduction="sum")) if len(y) else 0.0
+                correct += float((logits.argmax(-1) == y).sum())
+                base += float((y == self.top[lang]).sum())
+                n += len(y)
+                if "disc_correct" in out:
+                    dcorrect, dn = dcorrect + float(out["disc_correct"]), dn + out["n_disc"]
+            r = {"loss": loss / max(n, 1), "acc": correct / max(n, 1), "baseline_acc": base / max(n, 1), "n": int(n)}
+            if dn:
+                r["disc_acc"] = dcorrect / dn
+            res[lang] = r
+        model.train(was)
+        return res
+
+
+def _core(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)
+
+
+def _append_jsonl(path: Path, rec: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec, sort_keys=True) + "\n")
+
+
+def _truncate_metrics(path: Path, upto: int | None) -> None:
+    """Keep only records of steps <= upto (they are re-logged after a resume); all gone for a fresh start."""
+    if not path.exists():
+        return
+    keep = [] if upto is None else [ln for ln in path.read_text(encoding="utf-8").splitlines()
+                                    if ln.strip() and json.loads(ln).get("step", 0) <= upto]
+    path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
+
+
+def _last_train_loss(path: Path) -> float | None:
+    recs = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()] \
+        if path.exists() else []
+    losses = [r["loss"] for r in recs if r.get("type") == "train"]
+    return losses[-1] if losses else None
+
+
+# ------------------------------------------------------------------------------------------------ the loop
+def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: int = 0, rank: int = 0,
+          world_size: int = 1, local_rank: int = 0, resume: bool = True,
+          metrics_cb: Callable[[dict], None] | None = None, stop_after: int | None = None,
+          heartbeat: Callable[[int], None] | None = None) -> dict:
+    """Train ``model`` on ``data`` (a ShardDataset) to ``cfg.steps`` (or ``stop_after``); see the module docstring."""
+    from mlm_core.masking import Masker
+    from mlm_core.train.distributed import all_reduce_sum, wrap_model
+
+    out_dir, ckpt_root = Path(out_dir), Path(out_dir) / "checkpoints"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(cfg, local_rank)
+    if cfg.precision == "bf16" and device.type == "cpu" and rank == 0:
+        log.warning("precision bf16 requested on CPU: training in fp32 (bf16 autocast is used on CUDA only)")
+    specials = {r: int(e["id"]) for r, e in data.manifest["special_tokens"].items()}
+    vocab, T = int(data.manifest["vocab_size"]), data.seq_len
+    core = model.to(device)
+    arch = {"discriminator": core.disc.arch.to_dict(), "generator": core.gen.arch.to_dict()} \
+        if isinstance(core, ElectraModel) else core.arch.to_dict()
+    model = wrap_model(core, cfg.distributed, device, world_size)
+    opt, sched = build_optimizer(model, cfg)
+    from mlm_core.shards import LanguageSampler
+    sampler = LanguageSampler(data.rows_per_lang("train"), data.sampling_probs(), seed, rank, world_size)
+    rows = Rows(data, "train", sampler.langs)
+    masker = Masker(cfg.masking, vocab, sorted(specials.values()), specials["mask"], seed, cfg.steps,
+                    unk_id=specials.get("unk"))
+    gens = {"mask": torch.Generator().manual_seed(_derive(seed, rank, 1))}
+    if device.type == "cuda":
+        gens["sample"] = torch.Generator(device=device).manual_seed(_derive(seed, rank, 3))
+    sample_gen = gens.get("sample", gens["mask"])
+    electra = isinstance(core, ElectraModel)
+    fp = train_fingerprint(cfg, seed)
+
+    step, tokens, resumed = 0, 0, None
+    found = None
+    if resume:
+        if rank == 0:
+            ckpt.cleanup_temporaries(ckpt_root)
+        found = ckpt.find_latest(ckpt_root)
+    if found:
+        path, meta = found
+        ckpt.check_arch(path, meta, arch)
+        if meta.get("config_fingerprint") != fp and rank == 0:
+            log.warning("resuming %s written with a different training config (fingerprint %s, now %s)",
+                        path, meta.get("config_fingerprint"), fp)
+        st = ckpt.load_checkpoint(path, meta, model=core, optimizer=opt, scheduler=sched, generators=gens, rank=rank)
+        sampler.load_state_dict(st["sampler"])
+        step, tokens, resumed = int(st["state"]["step"]), int(st["state"]["tokens"]), int(st["state"]["step"])
+        if rank == 0:
+            log.info("resumed from %s (step %d)", path, step)
+    else:
+        torch.manual_seed(_derive(seed, rank, 2))   # dropout stream of this rank
+    metrics_path = out_dir / "metrics.jsonl"
+    if rank == 0:
+        _truncate_metrics(metrics_path, resumed)
+
+    def emit(rec: dict) -> None:
+        if rank == 0:
+            _append_jsonl(metrics_path, rec)
+            if metrics_cb is not None:
+                metrics_cb(rec)
+
+    evaluator = Evaluator(cfg, data, Masker, vocab, specials, seed)
+    peak = cfg.peak_flops or PEAK_FLOPS[device.type]
+    end = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
+    B, accum = cfg.batch_size, cfg.grad_accum
+    step_tokens = B * T * accum * world_size
+    progress = Progress(end, rank == 0)
+    last_eval: dict = {}
+    final_loss = None
+    win_t0, win_steps, t_data, t_mask = time.perf_counter(), 0, 0.0, 0.0
+    model.train()
+
+    def save(at: int) -> Path:
+        counters = {"tokens": tokens, "world_size": world_size}
+        return ckpt.save_checkpoint(ckpt_root, at, model=core, optimizer=opt, scheduler=sched,
+                                    sampler_state=sampler.state_dict(), generators=gens, counters=counters,
+                                    arch=arch, config_fp=fp, keep=cfg.keep_checkpoints, rank=rank,
+                                    world_size=world_size)
+
+    last_ckpt = None
+    while step < end:
+        # 1) draw and mask the whole step's micro-batches first: the global prediction counts normalise the loss
+        micro, rate = [], 0.0
+        for _ in range(accum):
+            t0 = time.perf_counter()
+            li, r = sampler.next_indices(B)
+            b = rows.gather(li, r)
+            t1 = time.perf_counter()
+            m = masker(b["input_ids"], b["word_start"], step, seq_ids=b["seq_ids"], generator=gens["mask"])
+            t_data, t_mask, rate = t_data + t1 - t0, t_mask + time.perf_counter() - t1, m.rate
+            nb = device.type == "cuda"
+            micro.append((m.input_ids.to(device, non_blocking=nb), b["segment_ids"].to(device, non_blocking=nb),
+                          m.labels.to(device, non_blocking=nb), int(m.selected.sum()),
+                          int((b["segment_ids"] != 0).sum())))
+        counts = torch.tensor([sum(x[3] for x in micro), sum(x[4] for x in micro)], dtype=torch.float64)
+        n_glob, m_glob = all_reduce_sum(counts, world_size, device).tolist()
+        # 2) forward/backward
+        lr = sched.get_last_lr()[0]
+        parts = torch.zeros(3, dtype=torch.float64, device=device)     # total, mlm, disc (this rank's share)
+        for i, (ids, seg, labels, n, m_real) in enumerate(micro):
+            sync = contextlib.nullcontext() if i == accum - 1 or not hasattr(model, "no_sync") else model.no_sync()
+            kw = {"sample_generator": sample_gen} if electra else {}
+            with sync:
+                with autocast(device, cfg.precision):
+                    out = model(ids, seg, labels, cfg.label_smoothing, **kw)
+                mlm = out["loss"] * (n * world_size / max(n_glob, 1.0))
+                loss = mlm
+                if electra:
+                    disc = out["disc_loss"] * (m_real * world_size / max(m_glob, 1.0))
+                    loss = mlm + cfg.electra.disc_weight * disc
+                    parts[2] += disc.detach().double() / world_size
+                loss.backward()
+            parts[0] += loss.detach().double() / world_size
+            parts[1] += mlm.detach().double() / world_size
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm if cfg.clip_norm else float("inf"))
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        step, tokens, win_steps = step + 1, tokens + step_tokens, win_steps + 1
+        if heartbeat is not None:
+            heartbeat(step)
+        # 3) log / eval / checkpoint
+        if step % cfg.log_every == 0 or step == end:
+            parts = all_reduce_sum(parts, world_size, device)
+            final_loss = float(parts[0])
+            dt = time.perf_counter() - win_t0
+            tps = win_steps * step_tokens / max(dt, 1e-9)
+            fpt = core.flops_per_token(T, rate)
+            gn = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
+            rec = {"type": "train", "step": step, "loss": final_loss, "lr": lr, "masking_rate": rate,
+                   "tokens": tokens, "tokens_per_s": tps, "mfu": fpt * tps / (peak * world_size),
+                   "grad_norm": float(gn), "data_pct": 100 * t_data / max(dt, 1e-9),
+                   "masking_pct": 100 * t_mask / max(dt, 1e-9)}
+            if electra:
+                rec |= {"mlm_loss": float(parts[1]), "disc_loss": float(parts[2])}
+            if not math.isfinite(final_loss):
+                raise FloatingPointError(f"pretrain: loss is {final_loss} at step {step}")
+            emit(rec)
+            progress.update(step, final_loss)
+            win_t0, win_steps, t_data, t_mask = time.perf_counter(), 0, 0.0, 0.0
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            last_eval = evaluator(core, device, cfg.precision)
+            emit({"type": "eval", "step": step, **{f"{lg}.val_{k}": v for lg, r in last_eval.items()
+                                                   for k, v in r.items() if k != "n"}})
+        if step % cfg.checkpoint_every == 0 or step == end:
+            last_ckpt = save(step)
+    progress.close()
+    if last_ckpt is None and found:                 # resumed an already finished run: nothing trained now
+        last_ckpt = found[0]
+        final_loss = _last_train_loss(metrics_path) if rank == 0 else None
+        if step >= cfg.steps:
+            last_eval = evaluator(core, device, cfg.precision)
+    return {"step": step, "tokens": tokens, "final_loss": final_loss, "eval": last_eval,
+            "baseline": {lg: r["baseline_acc"] for lg, r in last_eval.items()}, "unigram_top": evaluator.top,
+            "checkpoint": str(last_ckpt) if last_ckpt else None, "completed": step >= cfg.steps,
+            "resumed_from": resumed, "arch": arch, "config_fingerprint": fp}
+
+
+__all__ = ["train", "build_model", "ElectraModel", "Evaluator", "resolve_device", "train_fingerprint", "PEAK_FLOPS"]

@@ -1,0 +1,78 @@
+"""One training process: ``python -m mlm_core.train.worker ARGS.json`` (what torchrun runs on every rank).
+
+ARGS.json: {"config": PretrainConfig as JSON, "seed": int, "shards": shard folder, "tokenizer_fingerprint":
+str | null, "verify": "once" | "every_open" | "off", "out_dir": working folder (metrics.jsonl, checkpoints/),
+"resume": bool, "stop_after": int | null, "result_file": path | null (rank 0 writes the result there)}.
+Without torchrun (no WORLD_SIZE) it trains as a single process. Rank 0 prints each metrics record as
+``@@MLM_METRICS {json}`` on stdout when ``print_metrics`` is set (the launcher forwards them), every rank
+prints a heartbeat every few seconds, and a failing rank writes its traceback to ``$MLM_ERROR_DIR/rank<r>.txt``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def run(args: dict) -> dict:
+    import torch
+
+    from mlm_core.config import PretrainConfig
+    from mlm_core.shards import ShardDataset
+    from mlm_core.store import write_json_atomic
+    from mlm_core.train.distributed import HEARTBEAT_PREFIX, METRICS_PREFIX, env_ranks, setup
+    from mlm_core.train.loop import build_model, resolve_device, train
+
+    cfg = PretrainConfig.model_validate(args["config"])
+    device = resolve_device(cfg, env_ranks()[2])
+    rank, world, local = setup(cfg.distributed.backend, device, cfg.distributed.timeout_s)
+    ds = ShardDataset(args["shards"], verify=args.get("verify", "once"),
+                      expect_tokenizer_fingerprint=args.get("tokenizer_fingerprint"))
+    specials = {r: int(e["id"]) for r, e in ds.manifest["special_tokens"].items()}
+    seed = int(args.get("seed", 0))
+    torch.manual_seed(seed)                             # identical initial weights on every rank
+    model, _ = build_model(cfg, int(ds.manifest["vocab_size"]), specials["pad"])
+
+    def metrics_cb(rec: dict) -> None:
+        print(METRICS_PREFIX + json.dumps(rec), flush=True)
+
+    beat = {"t": 0.0}
+
+    def heartbeat(step: int) -> None:
+        if time.monotonic() - beat["t"] > 5:
+            beat["t"] = time.monotonic()
+            print(f"{HEARTBEAT_PREFIX}{rank} {step}", flush=True)
+
+    result = train(cfg, ds, model, Path(args["out_dir"]), seed=seed, rank=rank, world_size=world, local_rank=local,
+                   resume=bool(args.get("resume", True)), stop_after=args.get("stop_after"),
+                   metrics_cb=metrics_cb if args.get("print_metrics") else None, heartbeat=heartbeat)
+    if rank == 0 and args.get("result_file"):
+        write_json_atomic(Path(args["result_file"]), result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mlm_core.train.distributed import env_ranks, teardown, write_error
+    argv = sys.argv[1:] if argv is None else argv
+    rank = env_ranks()[0]
+    logging.basicConfig(level=logging.INFO, format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s")
+    if len(argv) != 1:
+        print("usage: python -m mlm_core.train.worker ARGS.json", file=sys.stderr)
+        return 2
+    try:
+        run(json.loads(Path(argv[0]).read_text(encoding="utf-8")))
+    except BaseException as e:      # noqa: BLE001 - report, then exit non-zero (torchrun stops the other ranks)
+        text = f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}"
+        write_error(rank, text)
+        sys.stderr.write(f"[rank{rank}] FAILED: {text}\n")
+        sys.stderr.flush()
+        return 1
+    teardown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Model registry side of the pretrain stage, and resolving ``models:/name@alias`` URIs.
+
+A trained model is logged to its stage's MLflow run as plain files (safetensors + json + tokenizer:
+the Hugging Face export when the architecture has one, else our own weights folder) and registered
+as a new version of ``registry.model_name`` with alias ``candidate`` and tags for the data,
+tokenizer and config fingerprints. Never a pickle. Promotion to ``champion`` belongs to the gates.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+from mlm_core.errors import MlmError
+from mlm_core.store import Artifact
+from tasks import tracking
+
+log = logging.getLogger(__name__)
+
+
+class RegistryError(MlmError):
+    pass
+
+
+def model_files(art: Artifact) -> tuple[list[Path], str, str]:
+    """(paths to log, artifact_dir, artifact path to register) for a pretrain output."""
+    if (art.path / "hf").is_dir():
+        return [art.path / "hf"], "model", "model/hf"
+    files = [art.path / n for n in ("model.safetensors", "tokenizer.json", "model_config.json")
+             if (art.path / n).exists()]
+    return files, "model/weights", "model/weights"
+
+
+def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | None, cfg) -> int | None:
+    """Log the model files to ``run_id`` and register them; returns the new version (None if tracking is off).
+    A model already registered for this fingerprint is not registered twice (a cached rerun)."""
+    if not tracker.enabled or run_id is None:
+        return None
+    name = cfg.registry.model_name
+    existing = _version_for(tracker, name, art.fingerprint)
+    if existing is not None:
+        return existing
+    paths, artifact_dir, register_path = model_files(art)
+    client = tracker.client
+    for p in paths:
+        if p.is_dir():
+            client.log_artifacts(run_id, str(p), f"{artifact_dir}/{p.name}")
+        else:
+            client.log_artifact(run_id, str(p), artifact_dir)
+    up = art.manifest.get("upstream", {})
+    tags = {"pretrain_fingerprint": art.fingerprint, "shards_fingerprint": up.get("shards", ""),
+            "tokenizer_fingerprint": art.manifest.get("tokenizer_fingerprint", ""),
+            "data_fingerprint": art.manifest.get("normalize_fingerprint", ""),
+            "export": art.manifest.get("export") or "none", "format": "safetensors"}
+    version = tracking.register_version(tracker, name, run_id, register_path, tags=tags,
+                                        description=f"pretrain output {art.fingerprint}")
+    tracking.set_alias(tracker, name, "candidate", version)
+    log.info("registered %s version %s (alias candidate)", name, version)
+    return version
+
+
+def _version_for(tracker: tracking.Tracker, name: str, fingerprint: str) -> int | None:
+    from mlflow.exceptions import MlflowException
+    try:
+        versions = tracker.client.search_model_versions(f"name = '{name}'")
+    except MlflowException:
+        return None
+    hits = [int(v.version) for v in versions if (v.tags or {}).get("pretrain_fingerprint") == fingerprint]
+    return max(hits) if hits else None
+
+
+def resolve_model(ref: str, tracking_uri: str) -> Path:
+    """A local folder for ``ref``: an existing folder as is, or ``models:/name@alias`` / ``models:/name/3``
+    downloaded from the registry. Unknown models fail listing the registered ones."""
+    p = Path(ref)
+    if not ref.startswith("models:/"):
+        if not p.is_dir():
+            raise RegistryError(f"{ref}: not a folder and not a models:/name@alias URI")
+        return p
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(tracking_uri)
+    body = ref[len("models:/"):]
+    name, alias, version = body, None, None
+    if "@" in body:
+        name, alias = body.split("@", 1)
+    elif "/" in body:
+        name, version = body.split("/", 1)
+    client = tracking._client(tracking_uri)
+    try:
+        mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+    except MlflowException as exc:
+        known = tracking.list_registered_models(tracking_uri)
+        raise RegistryError(f"{ref}: not found in the registry at {tracking_uri} ({exc.message.splitlines()[0]}); "
+                            f"registered models: {', '.join(known) or 'none'}") from None
+    dest = Path(tempfile.mkdtemp(prefix="mlm-model-"))
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dest)))
