@@ -6,7 +6,7 @@ so it needs no download:
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/shards.py            # 80 MB
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/shards.py --mb 20 --out bench-out/shards
 
-Measured, each in a fresh subprocess (peak RSS = that process and its children):
+Measured, each in a fresh subprocess (peak RSS = summed RSS of its process tree, polled with psutil every 50 ms):
   (a) ours      ``run_shards`` on a normalize-like ``docs/<lang>.parquet`` folder -> packed Arrow shards
   (b) limit     ``Tokenizer.encode_batch`` over the same texts (no packing, no writing)
   (c) hf        ``load_dataset("parquet")`` + ``.map(tokenize, batched, num_proc=2)`` + ``group_texts`` +
@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import shutil
 import subprocess
 import sys

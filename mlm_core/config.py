@@ -127,7 +127,9 @@ class ShardsConfig(Section):
     token_budget: int = Field(default=10_000_000, ge=1, description="Planned training tokens, for the expected-epochs column of the sampling table.")
     rows_per_shard: int = Field(default=16384, ge=1, description="Sequences per Arrow IPC shard file.")
     batch_docs: int = Field(default=2000, ge=1, description="Documents per encode_batch call.")
-    workers: int = Field(default=2, ge=1, description="Parallel encoding processes.")
+    workers: int = Field(
+        default=2, ge=1, description="Encoding parallelism: <= 2 encodes in-process on the tokenizer's own threads "
+        "(packing overlaps encoding; fastest on 2 cores), >= 3 starts that many single-threaded processes.")
     empty_language: Literal["error", "drop"] = Field(
         default="error", description="A language with no documents: fail (error) or drop it with a warning (drop).")
     verify: Literal["every_open", "once", "off"] = Field(

@@ -116,15 +116,16 @@ def test_unk_never_selected_without_unk_id(rows):
     assert not out.selected[torch.isin(ids[:B], torch.tensor(SPECIALS))].any()
 
 
-@pytest.mark.parametrize("strategy", ["token", "whole_word", "span"])
-def test_80_10_10_split(rows, strategy):
+@pytest.mark.parametrize("strategy,pm,pr", [("token", 0.8, 0.1), ("whole_word", 0.8, 0.1), ("span", 0.8, 0.1),
+                                           ("token", 0.5, 0.3)])
+def test_80_10_10_split(rows, strategy, pm, pr):
     ids, _ = rows
-    out = masked(strategy=strategy, rate=0.15)
+    out = masked(strategy=strategy, rate=0.15, mask_token_prob=pm, random_token_prob=pr)
     sel = out.selected
     n = sel.sum().item()
-    masked = (sel & (out.input_ids == MASK)).sum().item() / n
+    to_mask = (sel & (out.input_ids == MASK)).sum().item() / n
     kept = (sel & (out.input_ids == ids)).sum().item() / n       # includes random draws equal to the original
-    assert abs(masked - 0.8) < 0.01 and abs(kept - 0.1) < 0.01 and abs(1 - masked - kept - 0.1) < 0.01
+    assert abs(to_mask - pm) < 0.01 and abs(kept - (1 - pm - pr)) < 0.01 and abs(1 - to_mask - kept - pr) < 0.01
     random_pos = sel & (out.input_ids != MASK) & (out.input_ids != ids)
     assert not torch.isin(out.input_ids[random_pos], torch.tensor(SPECIALS)).any()
     # random ids cover the non-special vocabulary roughly uniformly

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import json
 import logging
 import random
 import shutil

@@ -1,0 +1,165 @@
+"""Pseudo-log-likelihood (PLL) scoring of sentences with a masked language model.
+
+In: an ``MLMEncoder`` (eval mode), token-id lists without special tokens, the [MASK]/[CLS]/[SEP] ids.
+Out: one PLL per sentence, PLL(W) = sum_t log P(w_t | W with w_t masked) (Salazar et al., 2020,
+"Masked Language Model Scoring"), and the pseudo-perplexity PPPL = exp(-sum PLL / sum tokens).
+
+A sentence of n tokens needs n forward passes (one masked copy per token). ``score_batched`` builds
+every masked copy of every sentence, orders the copies by length (copies of one sentence share it, so
+rows of a batch are nearly the same length and padding stays small) and runs ``batch`` copies per
+forward pass; padding is excluded from attention with segment ids (1 = the sentence, 0 = padding).
+The MLM head runs on the one masked position of each copy only. ``score_loop`` is the naive reference:
+one copy per forward pass, no padding. Both compute the same numbers (to float rounding).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _check_lengths(model, token_id_lists: Sequence[Sequence[int]]) -> None:
+    limit = model.arch.max_positions - 2
+    for i, ids in enumerate(token_id_lists):
+        if len(ids) > limit:
+            raise ValueError(f"sentence {i} has {len(ids)} tokens; the model takes at most {limit} "
+                             f"(max_positions {model.arch.max_positions} minus [CLS] and [SEP])")
+
+
+def _masked_log_probs(model, ids: torch.Tensor, seg: torch.Tensor | None, where: torch.Tensor,
+                      targets: torch.Tensor) -> torch.Tensor:
+    """log P(target) at the one True position of each row of ``where`` [B, T]; returns [B] float64."""
+    hidden = model.encode(ids, seg)
+    logits = model.mlm_logits(hidden, where).float()              # [B, V], rows in row-major order
+    return F.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0].double()
+
+
+@torch.inference_mode()
+def score_batched(model, token_id_lists: Sequence[Sequence[int]], mask_id: int, cls_id: int, sep_id: int,
+                  batch: int = 64) -> list[float]:
+    """PLL of each sentence (natural log), running ``batch`` masked copies per forward pass."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    _check_lengths(model, token_id_lists)
+    was = model.training
+    model.eval()
+    dev, pad = _device(model), int(model.arch.pad_id)
+    scores = [0.0] * len(token_id_lists)
+    # copies as (sentence, masked position 1..n); sorted by length so a batch pads little
+    order = sorted((i for i, ids in enumerate(token_id_lists) if len(ids)), key=lambda i: len(token_id_lists[i]))
+    copies = [(i, j) for i in order for j in range(len(token_id_lists[i]))]
+    seqs = {i: torch.tensor([cls_id, *token_id_lists[i], sep_id], dtype=torch.int64) for i in order}
+    try:
+        for start in range(0, len(copies), batch):
+            chunk = copies[start:start + batch]
+            lens = torch.tensor([len(seqs[i]) for i, _ in chunk])
+            T, B = int(lens.max()), len(chunk)
+            ids = torch.full((B, T), pad, dtype=torch.int64)
+            for r, (i, _) in enumerate(chunk):
+                ids[r, :len(seqs[i])] = seqs[i]
+            rows = torch.arange(B)
+            pos = torch.tensor([j + 1 for _, j in chunk])             # +1: [CLS] sits at 0
+            targets = ids[rows, pos].clone()
+            ids[rows, pos] = mask_id
+            where = torch.zeros(B, T, dtype=torch.bool)
+            where[rows, pos] = True
+            # segment ids only when some row is padded: without padding, full attention is the same thing
+            seg = (torch.arange(T)[None, :] < lens[:, None]).to(torch.int32) if bool((lens < T).any()) else None
+            lp = _masked_log_probs(model, ids.to(dev), None if seg is None else seg.to(dev), where.to(dev),
+                                   targets.to(dev)).cpu()
+            for r, (i, _) in enumerate(chunk):
+                scores[i] += float(lp[r])
+    finally:
+        model.train(was)
+    return scores
+
+
+@torch.inference_mode()
+def score_loop(model, token_id_lists: Sequence[Sequence[int]], mask_id: int, cls_id: int, sep_id: int) -> list[float]:
+    """Reference PLL: one masked copy per forward pass (no batching, no padding)."""
+    _check_lengths(model, token_id_lists)
+    was = model.training
+    model.eval()
+    dev = _device(model)
+    scores = []
+    try:
+        for ids_list in token_id_lists:
+            seq = torch.tensor([[cls_id, *ids_list, sep_id]], dtype=torch.int64, device=dev)
+            total = 0.0
+            for j in range(1, len(ids_list) + 1):
+                ids = seq.clone()
+                target = ids[:, j].clone()
+                ids[0, j] = mask_id
+                where = torch.zeros_like(ids, dtype=torch.bool)
+                where[0, j] = True
+                total += float(_masked_log_probs(model, ids, None, where, target)[0])
+            scores.append(total)
+    finally:
+        model.train(was)
+    return scores
+
+
+def pseudo_perplexity(pll: float, n_tokens: int) -> float:
+    """PPPL = exp(-PLL / N) (NaN for N = 0). Pass summed PLL and summed tokens for a corpus-level value."""
+    return math.exp(-pll / n_tokens) if n_tokens > 0 else float("nan")
+
+
+def tokenizer_special_ids(tokenizer) -> dict[str, int]:
+    """mask/cls/sep ids from a tokenizers.Tokenizer with BERT ([MASK]) or RoBERTa (<mask>) special tokens."""
+    for names in ({"mask": "[MASK]", "cls": "[CLS]", "sep": "[SEP]"}, {"mask": "<mask>", "cls": "<s>", "sep": "</s>"}):
+        ids = {role: tokenizer.token_to_id(tok) for role, tok in names.items()}
+        if all(v is not None for v in ids.values()):
+            return {k: int(v) for k, v in ids.items()}
+    raise ValueError("the tokenizer has neither [MASK]/[CLS]/[SEP] nor <mask>/<s>/</s>: pass special_ids")
+
+
+def encode_plain(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids without special tokens, truncation or padding (on a copy: the caller's tokenizer is untouched);
+    special-token strings in the text are encoded as text, as the shards stage does."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_str(tokenizer.to_str())
+    tok.no_truncation()
+    tok.no_padding()
+    tok.encode_special_tokens = True
+    return [list(e.ids) for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def evaluate_pll(model, tokenizer, texts_by_lang: Mapping[str, Sequence[str]], cfg,
+                 special_ids: Mapping[str, int] | None = None, max_tokens: int | None = None) -> dict:
+    """Per language: {"sentences", "tokens", "pll_mean" (per sentence), "pll_per_token", "pseudo_perplexity"
+    (corpus-level: exp(-sum PLL / sum tokens))}; a language with no text -> {"missing": True}.
+
+    At most ``cfg.pll_sentences`` texts per language (0 = skip: returns {}), each truncated to ``max_tokens``
+    tokens (default and ceiling: max_positions - 2); empty texts are skipped.
+    """
+    if cfg.pll_sentences == 0:
+        return {}
+    ids = dict(special_ids) if special_ids is not None else tokenizer_special_ids(tokenizer)
+    limit = model.arch.max_positions - 2
+    limit = min(limit, max_tokens) if max_tokens is not None else limit
+    out: dict[str, dict] = {}
+    for lang in sorted(texts_by_lang):
+        texts = [t for t in texts_by_lang[lang] if t and t.strip()][: cfg.pll_sentences]
+        lists = [x[:limit] for x in encode_plain(tokenizer, texts)] if texts else []
+        lists = [x for x in lists if x]
+        if not lists:
+            out[lang] = {"missing": True, "reason": "no text to score"}
+            continue
+        scores = score_batched(model, lists, ids["mask"], ids["cls"], ids["sep"], batch=cfg.pll_batch)
+        n_tok = sum(len(x) for x in lists)
+        out[lang] = {"sentences": len(lists), "tokens": n_tok, "pll_mean": sum(scores) / len(scores),
+                     "pll_per_token": sum(scores) / n_tok, "pseudo_perplexity": pseudo_perplexity(sum(scores), n_tok)}
+        log.info("pll: %s: %d sentences, %d tokens, PPPL %.2f", lang, len(lists), n_tok, out[lang]["pseudo_perplexity"])
+    return out
+
+
+__all__ = ["score_batched", "score_loop", "pseudo_perplexity", "evaluate_pll", "encode_plain", "tokenizer_special_ids"]
