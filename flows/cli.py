@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from flows.serve import add_parsers as add_server_parsers  # stdlib only: `mlm --help` stays instant
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -198,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     sd = csub.add_parser("docs", help="print the configuration reference (Markdown)")
     sd.add_argument("--write", action="store_true", help="write it to docs/CONFIG.md")
     sd.set_defaults(func=cmd_config_docs)
+    add_server_parsers(sub)
     return p
 
 

@@ -295,7 +295,10 @@ class Plan:
     def worker(self) -> Child:
         cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", self.pool, "--type", "process",
                "--name", self.worker_name]
-        return Child("prefect worker", cmd, self.base_env(), self.workdir / "logs" / "prefect-worker.log")
+        env = self.base_env()
+        # flow runs started from the UI log to this MLflow server unless their config sets tracking.uri
+        env["MLFLOW_TRACKING_URI"] = self.mlflow_url
+        return Child("prefect worker", cmd, env, self.workdir / "logs" / "prefect-worker.log")
 
     @property
     def worker_name(self) -> str:
@@ -387,10 +390,10 @@ def _banner(plan: Plan, seconds: float) -> str:
                   f"  export MLFLOW_TRACKING_USERNAME={user} MLFLOW_TRACKING_PASSWORD='<password>'"]
     lines += [
         f"  mlm deploy                      # deployments on pool {plan.pool}",
-        f"  mlm run configs/demo.yaml --set tracking.uri={plan.mlflow_url}",
-        f"The pipeline logs to this MLflow server only when the config's tracking.uri is {plan.mlflow_url}",
-        "(set it in the YAML, with --set, or in a deployment run's overrides: "
-        f"[\"tracking.uri={plan.mlflow_url}\"]).",
+        f"  export MLFLOW_TRACKING_URI={plan.mlflow_url}",
+        "  mlm run configs/demo.yaml",
+        f"Flow runs started from the Prefect UI log to {plan.mlflow_url} (the worker sets MLFLOW_TRACKING_URI);",
+        "a config's tracking.uri, when set, takes precedence.",
     ]
     if plan.host not in LOOPBACK:
         lines.append(f"Bound to {plan.host}: other machines use this host's address instead of "

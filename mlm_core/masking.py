@@ -19,11 +19,13 @@ Design choices (all vectorized torch, no Python loop over tokens or sequences):
 * whole_word: a unit is a word (a word-start token and the following non-start tokens, up to the next word
   start or non-candidate token); each word is selected with probability p, so p of the candidate *tokens*
   are selected in expectation; words are never split.
-* span: a renewal process tiles each row in word units: span lengths L ~ Geometric(span_p) clipped at
-  span_max (in words), separated by gaps of one word (zero when the rate is too high for gaps), with a
-  random phase; a span is clipped at the next non-candidate token (a span never crosses [SEP]). Each span
-  is then kept independently with probability ``p * n_candidates / tokens_covered_by_all_spans`` (per row),
-  so the expected selected-token count is ``p * n_candidates`` and kept spans are an unbiased sample of span
+* span: a renewal process tiles each segment (document between specials) in word units: span lengths
+  L ~ Geometric(span_p) clipped at span_max (in words), separated by gaps of one word (zero when the rate
+  is too high for gaps). Each segment starts on a whole span or on a gap (with the stationary odds, so
+  the first words of a document are as likely selected as any), and its last span is clipped at the
+  segment's end: a span never crosses [SEP] (as SpanBERT clips at the sentence end). Each span is then
+  kept independently with probability ``p * n_candidates / tokens_covered_by_all_spans`` (per row), so the
+  expected selected-token count is ``p * n_candidates`` and kept spans are an unbiased sample of span
   lengths (the keep decision never looks at a span's own length). Kept spans never overlap or touch
   (with the one-word gap), so each run of selected words in the output is one span.
 * 80/10/10 is decided **per token**, also for whole words and spans (as BERT's original WWM code does).
@@ -224,40 +226,55 @@ class Masker:
         cfg, dev = self.cfg, cand.device
         b, t = cand.shape
         uidx, _ = self._units(cand, word_start)
-        # candidate tokens per unit; a unit with none is a boundary (a special, padding, or past the row's end)
-        tok = torch.zeros(b, t + 2, dtype=torch.int64, device=dev)
-        tok[:, 1:].scatter_add_(1, uidx, cand.to(torch.int64))
-        bound = (tok[:, 1:] == 0).to(torch.int64)
-        bound[:, t] = 1
-        prefix = tok.cumsum_(1)                                   # prefix[u] = candidate tokens in units < u
-        ar = self._const("arange", dev, t + 1)
-        nxt = (t - bound * (t - ar)).flip(1).cummin(1).values.flip(1)   # first boundary unit >= u
-        # renewal tiling: span, gap, span, gap, ... from a random phase; m spans always reach unit t
+        # candidate tokens per unit; a unit with none is a boundary (special, padding, past the row's end)
+        tok = torch.zeros(b, t + 1, dtype=torch.int64, device=dev)
+        tok.scatter_add_(1, uidx, cand.to(torch.int64))
+        bound = tok == 0
+        seg_start = ~bound                                        # first unit of each segment (document)
+        seg_start[:, 1:] &= bound[:, :-1]
+        seg = seg_start.cumsum(1)                                 # segment number, 1-based (0 before the first)
+        n_seg = int(seg[:, -1].max()) if b else 0
+        # One renewal tiling per row in a coordinate space: span, gap, span, gap, ...; segment k reads it
+        # from the first span at/after coordinate sigma_k + (k-1) * stride (so segments never share a span),
+        # starting either on that span or on the gap before it (probability 1 - q: stationary coverage at
+        # document starts, and every span starts whole); it is clipped at the segment's end.
         gap = 1 if p <= 0.75 * self._mean_span / (self._mean_span + 1) else 0
-        m = t // (1 + gap) + 1
-        h = self._hash(row_key, "span", m + 1)
-        hs = h[:, :m]
-        u_len = _shr(hs, 64 - _SPAN_BITS).to(torch.float32) * (2.0 ** -_SPAN_BITS)
+        stride = cfg.span_max + gap                               # longest cycle: a span start in every stride
+        x_max = t + (n_seg + 1) * stride + 1
+        m = x_max // (1 + gap) + 1                                # the tiling reaches x_max
+        h = self._hash(row_key, "span", m)
+        u_len = _shr(h, 64 - _SPAN_BITS).to(torch.float32) * (2.0 ** -_SPAN_BITS)
         length = (torch.log1p(-u_len) * (1.0 / math.log1p(-cfg.span_p))).to(torch.int64)  # trunc = floor, >= 0
         length = length.add_(1).clamp_(max=cfg.span_max)        # Geometric(span_p) on {1, 2, ...}, clipped
-        phase = ((h[:, m] & _LOW32) * (int(math.ceil(self._mean_span)) + gap)) >> 32
-        stride = length + gap
-        s = stride.cumsum(1)
-        s -= stride
-        s += phase[:, None]
-        s.clamp_(max=t)
-        e = torch.minimum(s + length, nxt.gather(1, s))           # clipped at the next boundary unit
-        covered = prefix.gather(1, e) - prefix.gather(1, s)       # candidate tokens per span
+        cycle = length + gap
+        c = cycle.cumsum(1) - length                              # span starts; the first at coordinate `gap`
+        one = torch.ones_like(c)
+        before = torch.zeros(b, x_max + 1, dtype=torch.int64, device=dev)
+        before[:, 1:].scatter_add_(1, c.clamp(max=x_max - 1), one)
+        before = before.cumsum_(1)                                # before[x] = spans starting below x
+        ar = self._const("arange", dev, t + 1)
+        tau = (ar + (seg - 1).clamp_(min=0) * stride).clamp_(max=x_max)
+        j = before.gather(1, tau).clamp_(max=m - 1)               # first span starting at/after tau
+        q = self._mean_span / (self._mean_span + gap)
+        gap_first = (h.gather(1, j) & 0xFFFF) >= _threshold(q, 16)
+        delta = (c.gather(1, j) - gap * gap_first - ar) * seg_start
+        shift = torch.zeros(b, n_seg + 1, dtype=torch.int64, device=dev)
+        shift.scatter_add_(1, seg, delta)                         # coordinate shift of each segment
+        x = (ar + shift.gather(1, seg)).clamp_(0, x_max)
+        # which span covers each coordinate (1-based id, 0 in gaps): spans never overlap, so a cumsum of
+        # +id at the start and -id at the end gives it
+        ids = self._const("arange", dev, m + 1)[None, 1:].expand(b, m)
+        cover = torch.zeros(b, x_max + 2, dtype=torch.int64, device=dev)
+        cover.scatter_add_(1, c.clamp(max=x_max + 1), ids)
+        cover.scatter_add_(1, (c + length).clamp_(max=x_max + 1), -ids)
+        span_of_unit = cover.cumsum_(1).gather(1, x) * ~bound    # [b, t+1]
         # keep each span with probability budget / tokens covered by all spans: E[selected] = p * candidates
-        keep_p = (p * cand.sum(1)) / covered.sum(1).clamp(min=1)
+        covered = (tok * (span_of_unit > 0)).sum(1)
+        keep_p = (p * cand.sum(1)) / covered.clamp(min=1)
         keep_thr = (keep_p.clamp_(max=1.0) * (1 << _SPAN_BITS)).round_().to(torch.int64)
-        keep = (((hs >> 16) & ((1 << _SPAN_BITS) - 1)) < keep_thr[:, None]) & (e > s)
-        keep = keep.to(torch.int64)
-        diff = torch.zeros(b, t + 2, dtype=torch.int64, device=dev)
-        diff.scatter_add_(1, s, keep)
-        diff.scatter_add_(1, e, -keep)
-        cover = diff.cumsum_(1).gather(1, uidx)                  # 0/1: kept spans never overlap
-        return cover.bool() & cand
+        keep = torch.zeros(b, m + 1, dtype=torch.bool, device=dev)
+        keep[:, 1:] = ((h >> 16) & ((1 << _SPAN_BITS) - 1)) < keep_thr[:, None]
+        return keep.gather(1, span_of_unit).gather(1, uidx) & cand
 
     # -- public -----------------------------------------------------------------------------------------
     def __call__(self, input_ids: torch.Tensor, word_start: torch.Tensor, step: int,

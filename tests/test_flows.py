@@ -20,7 +20,7 @@ def cfg_file(tmp_path):
     ru = write_lines(tmp_path / "ru.txt", RU)
     raw = {"name": "flowtest", "workdir": str(tmp_path / "work"),
            "sources": {"en": {"paths": [str(en)]}, "ru": {"paths": [str(ru)]}},
-           "normalize": {"workers": 1}, "tokenizer": {"vocab_size": 300, "heldout_docs": 5, "min_vocab_fraction": 0.1},
+           "normalize": {"workers": 1}, "tokenizer": {"vocab_size": 300, "heldout_docs": 5, "min_vocab_fraction": 0.1, "max_fertility": 20},
            "shards": {"seq_len": 16, "workers": 1}, "tracking": {"experiment": "flowtest"}}
     f = tmp_path / "cfg.yaml"
     f.write_text(yaml.safe_dump(raw))

@@ -127,9 +127,10 @@ def _tiny_config(root: Path) -> Path:
         sources[lang] = {"paths": [str(p)]}
     cfg = {"name": "e2e", "workdir": str(root / "work-default"), "seed": 0, "sources": sources,
            "normalize": {"min_chars": 5, "workers": 1},
-           # sized for 150 lines (the defaults expect megabytes); zh has no spaces: one "word" per line
+           # sized for 150 lines (the defaults expect megabytes): a 300-token vocabulary splits words finely;
+           # zh has no spaces (one "word" per line). Tokenizer quality is tested elsewhere, wiring here.
            "tokenizer": {"vocab_size": 300, "heldout_docs": 5, "min_vocab_fraction": 0.1,
-                         "max_fertility_per_lang": {"zh": 100.0}},
+                         "max_fertility": 50.0, "max_unk_rate": 0.5, "max_fertility_per_lang": {"zh": 100.0}},
            "shards": {"seq_len": 16, "workers": 1},
            "tracking": {"experiment": "mlm-e2e"}}
     path = root / "tiny.yaml"

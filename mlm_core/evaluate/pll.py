@@ -50,37 +50,42 @@ def score_batched(model, token_id_lists: Sequence[Sequence[int]], mask_id: int, 
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     _check_lengths(model, token_id_lists)
+    dev, pad = _device(model), int(model.arch.pad_id)
+    n_sent = len(token_id_lists)
+    scores = torch.zeros(n_sent, dtype=torch.float64)
+    lens = torch.tensor([len(x) + 2 for x in token_id_lists], dtype=torch.int64).reshape(-1)  # + [CLS], [SEP]
+    if n_sent == 0 or int(lens.max()) == 2:
+        return scores.tolist()
+    table = torch.full((n_sent, int(lens.max())), pad, dtype=torch.int64)    # every sentence, padded once
+    for i, ids in enumerate(token_id_lists):
+        table[i, :len(ids) + 2] = torch.tensor([cls_id, *ids, sep_id], dtype=torch.int64)
+    # copies as (sentence, masked position 1..n), sentences by length: a batch's rows pad little
+    order = torch.argsort(lens, stable=True)
+    n_tok = lens[order] - 2
+    sent = torch.repeat_interleave(order, n_tok)
+    starts = torch.cumsum(n_tok, 0) - n_tok
+    pos = torch.arange(len(sent)) - torch.repeat_interleave(starts, n_tok) + 1   # +1: [CLS] sits at 0
     was = model.training
     model.eval()
-    dev, pad = _device(model), int(model.arch.pad_id)
-    scores = [0.0] * len(token_id_lists)
-    # copies as (sentence, masked position 1..n); sorted by length so a batch pads little
-    order = sorted((i for i, ids in enumerate(token_id_lists) if len(ids)), key=lambda i: len(token_id_lists[i]))
-    copies = [(i, j) for i in order for j in range(len(token_id_lists[i]))]
-    seqs = {i: torch.tensor([cls_id, *token_id_lists[i], sep_id], dtype=torch.int64) for i in order}
     try:
-        for start in range(0, len(copies), batch):
-            chunk = copies[start:start + batch]
-            lens = torch.tensor([len(seqs[i]) for i, _ in chunk])
-            T, B = int(lens.max()), len(chunk)
-            ids = torch.full((B, T), pad, dtype=torch.int64)
-            for r, (i, _) in enumerate(chunk):
-                ids[r, :len(seqs[i])] = seqs[i]
+        for start in range(0, len(sent), batch):
+            si, pj = sent[start:start + batch], pos[start:start + batch]
+            L = lens[si]
+            T, B = int(L.max()), len(si)
+            ids = table[si, :T]                                          # a copy (advanced indexing)
             rows = torch.arange(B)
-            pos = torch.tensor([j + 1 for _, j in chunk])             # +1: [CLS] sits at 0
-            targets = ids[rows, pos].clone()
-            ids[rows, pos] = mask_id
+            targets = ids[rows, pj].clone()
+            ids[rows, pj] = mask_id
             where = torch.zeros(B, T, dtype=torch.bool)
-            where[rows, pos] = True
+            where[rows, pj] = True
             # segment ids only when some row is padded: without padding, full attention is the same thing
-            seg = (torch.arange(T)[None, :] < lens[:, None]).to(torch.int32) if bool((lens < T).any()) else None
+            seg = (torch.arange(T)[None, :] < L[:, None]).to(torch.int32) if bool((L < T).any()) else None
             lp = _masked_log_probs(model, ids.to(dev), None if seg is None else seg.to(dev), where.to(dev),
                                    targets.to(dev)).cpu()
-            for r, (i, _) in enumerate(chunk):
-                scores[i] += float(lp[r])
+            scores.index_add_(0, si, lp)
     finally:
         model.train(was)
-    return scores
+    return scores.tolist()
 
 
 @torch.inference_mode()

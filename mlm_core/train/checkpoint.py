@@ -123,11 +123,26 @@ def set_rng_state(tensors: dict, lists: dict, generators: dict[str, torch.Genera
 
 
 # ------------------------------------------------------------------------------------------- model/optim
-def _dedupe(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Store each shared storage once (tied embeddings); aliases maps dropped name -> kept name."""
+def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """Parameter names that are the same Parameter as an earlier name (tied embeddings): alias -> first name."""
+    first: dict[int, str] = {}
+    aliases = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            aliases[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return aliases
+
+
+def _dedupe(sd: dict[str, torch.Tensor], tied: dict[str, str]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Store each shared tensor once (tied embeddings; also under FSDP, whose full state dict unties them);
+    aliases maps dropped name -> kept name."""
     kept: dict[tuple, str] = {}
-    out, aliases = {}, {}
+    out, aliases = {}, {a: k for a, k in tied.items() if a in sd and k in sd}
     for name, t in sd.items():
+        if name in aliases:
+            continue
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
         if t.numel() and key in kept:
             aliases[name] = kept[key]
@@ -211,7 +226,7 @@ def save_checkpoint(root: Path, step: int, *, model: torch.nn.Module, optimizer,
     written = [f"rng-rank{rank}.pt", f"rng-rank{rank}.json", f"sampler-rank{rank}.json"]
     aliases: dict[str, str] = {}
     if rank == 0:
-        weights, aliases = _dedupe(msd)
+        weights, aliases = _dedupe(msd, tied_aliases(model))
         save_file(weights, str(tmp / "model.safetensors"))
         torch.save(plain(osd), tmp / "optimizer.pt")
         _write_json(tmp / "scheduler.json", plain(scheduler.state_dict()))
@@ -322,6 +337,11 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 def check_arch(path: Path, meta: dict, arch: dict) -> None:
     """CheckpointMismatch naming every architecture field that differs."""
+    def kind(a: dict) -> str:
+        return "ELECTRA (generator + discriminator)" if any(isinstance(v, dict) for v in a.values()) else "MLM encoder"
+    if kind(meta.get("arch", {})) != kind(arch):
+        raise CheckpointMismatch(f"checkpoint {path} holds an {kind(meta.get('arch', {}))} model but the config trains "
+                                 f"an {kind(arch)} (pretrain.objective changed); use a fresh checkpoint folder")
     theirs, mine = _flatten(meta.get("arch", {})), _flatten(arch)
     diff = sorted(k for k in set(theirs) | set(mine) if theirs.get(k, "<absent>") != mine.get(k, "<absent>"))
     if diff:

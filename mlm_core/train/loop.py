@@ -238,19 +238,26 @@ def _append_jsonl(path: Path, rec: dict) -> None:
         f.write(json.dumps(rec, sort_keys=True) + "\n")
 
 
+def _read_jsonl(path: Path) -> list[dict]:
+    """Records of a metrics file; a line cut short by a killed process is dropped."""
+    out = []
+    for ln in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(ln))
+        except ValueError:
+            continue
+    return out
+
+
 def _truncate_metrics(path: Path, upto: int | None) -> None:
     """Keep only records of steps <= upto (they are re-logged after a resume); all gone for a fresh start."""
-    if not path.exists():
-        return
-    keep = [] if upto is None else [ln for ln in path.read_text(encoding="utf-8").splitlines()
-                                    if ln.strip() and json.loads(ln).get("step", 0) <= upto]
-    path.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
+    if path.exists():
+        keep = [] if upto is None else [r for r in _read_jsonl(path) if r.get("step", 0) <= upto]
+        path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep), encoding="utf-8")
 
 
 def _last_train_loss(path: Path) -> float | None:
-    recs = [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()] \
-        if path.exists() else []
-    losses = [r["loss"] for r in recs if r.get("type") == "train"]
+    losses = [r["loss"] for r in _read_jsonl(path) if r.get("type") == "train"]
     return losses[-1] if losses else None
 
 

@@ -1,0 +1,279 @@
+"""Intrinsic per-language evaluation of a masked language model, next to the unigram-frequency baseline.
+
+In: an ``MLMEncoder``, a ``ShardDataset`` (validation rows to score, train rows for token counts), an
+``EvaluateConfig`` and the special token ids. Out, per language (``evaluate_intrinsic``):
+n_positions, top-1 / top-5 accuracy, mean reciprocal rank, masked loss (mean cross-entropy, nats) and
+perplexity exp(loss), expected calibration error (Guo et al., 2017: sum_b n_b/N |acc_b - conf_b| over
+``ece_bins`` equal-width bins of top-1 confidence) with the per-bin table of a reliability diagram,
+and, at the same positions, the unigram baseline: a fixed ranking of the vocabulary by the language's
+train-split token frequency (ties by id), whose top-1 is the most frequent token.
+
+Masking is deterministic: token strategy, rate 0.15, every selected token replaced by [MASK] (no 80/10/10:
+evaluation asks "what is under the mask?"), static mode keyed by (seed, row index), so a row gets the same
+mask whatever the batch size. Specials (UNK included: predicting UNK says nothing about the language) are
+never targets and are not counted for the baseline. A language with no validation rows (or no masked
+position) is reported as {"missing": True, "reason": ...}, never as zeros.
+
+``run_intrinsic`` loads a model folder, the shard set and the normalized documents and returns
+{"intrinsic": ..., "pll": ...}; ``reliability_plot`` draws the reliability diagrams into a PNG.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+EVAL_MASK_RATE = 0.15
+ROWS_PER_BATCH = 32
+TOP_K = 5
+SPECIAL_ROLES = ("pad", "unk", "cls", "sep", "mask")
+
+
+# ------------------------------------------------------------------------------------------ metrics
+def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, n_bins: int = 15) -> tuple[float, list[dict]]:
+    """ECE over ``n_bins`` equal-width bins of (0, 1] (bin b holds b/n < conf <= (b+1)/n; conf 0 goes to bin 0).
+
+    Returns (ece, table); the table has one row per bin: bin_lo, bin_hi, count, mean confidence and accuracy
+    (None for an empty bin). ECE is NaN when there is no prediction.
+    """
+    conf = np.asarray(confidence, dtype=np.float64).reshape(-1)
+    ok = np.asarray(correct, dtype=np.float64).reshape(-1)
+    if conf.shape != ok.shape:
+        raise ValueError(f"confidence and correct differ in length: {conf.shape} vs {ok.shape}")
+    b = np.clip(np.ceil(conf * n_bins).astype(np.int64) - 1, 0, n_bins - 1)
+    count = np.bincount(b, minlength=n_bins)
+    sum_conf = np.bincount(b, weights=conf, minlength=n_bins)
+    sum_ok = np.bincount(b, weights=ok, minlength=n_bins)
+    n = len(conf)
+    ece = float(np.abs(sum_ok - sum_conf).sum() / n) if n else float("nan")  # = sum n_b/N |acc_b - conf_b|
+    table = [{"bin_lo": i / n_bins, "bin_hi": (i + 1) / n_bins, "count": int(count[i]),
+              "confidence": float(sum_conf[i] / count[i]) if count[i] else None,
+              "accuracy": float(sum_ok[i] / count[i]) if count[i] else None} for i in range(n_bins)]
+    return ece, table
+
+
+def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
+    """top-1, top-5 and mean reciprocal rank from 1-based ranks of the true token."""
+    r = np.asarray(ranks, dtype=np.float64)
+    return {"top1": float((r <= 1).mean()), "top5": float((r <= TOP_K).mean()), "mrr": float((1.0 / r).mean())}
+
+
+def unigram_counts(shards, special_ids: Mapping[str, int], split: str = "train",
+                   langs: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Per language, token counts (np.bincount over every row of ``split``; specials and padding zeroed)."""
+    vocab = int(shards.manifest.get("vocab_size") or 0)
+    specials = sorted({int(i) for i in special_ids.values()})
+    out = {}
+    for lang in langs if langs is not None else shards.languages(split):
+        if lang not in shards.languages(split):
+            continue
+        counts = np.zeros(max(vocab, max(specials) + 1), dtype=np.int64)
+        for part in shards.input_ids(split, lang).parts:       # one shard file at a time (memory-mapped)
+            c = np.bincount(np.asarray(part).reshape(-1), minlength=len(counts))
+            if len(c) > len(counts):
+                counts = np.pad(counts, (0, len(c) - len(counts)))
+            counts += c
+        counts[specials] = 0
+        out[lang] = counts
+    return out
+
+
+def frequency_ranks(counts: np.ndarray) -> np.ndarray:
+    """rank[token] (1-based) in the baseline's fixed prediction list: by count descending, ties by id."""
+    order = np.argsort(-counts, kind="stable")
+    ranks = np.empty(len(counts), dtype=np.int64)
+    ranks[order] = np.arange(1, len(counts) + 1)
+    return ranks
+
+
+def _eval_masker(vocab: int, special_ids: Mapping[str, int], seed: int):
+    from mlm_core.config import MaskingConfig
+    from mlm_core.masking import Masker
+    mcfg = MaskingConfig(strategy="token", rate=EVAL_MASK_RATE, mask_token_prob=1.0, random_token_prob=0.0,
+                         mode="static", schedule="constant")
+    return Masker(mcfg, vocab, sorted(int(i) for i in special_ids.values()), int(special_ids["mask"]), seed, 1)
+
+
+def _score_language(model, shards, lang: str, n_rows: int, masker, dev) -> dict[str, np.ndarray]:
+    """Masked positions of the first ``n_rows`` validation rows: true ids, ranks, losses, confidences, hits."""
+    import torch
+    import torch.nn.functional as F
+    parts: dict[str, list] = {"target": [], "rank": [], "loss": [], "conf": [], "correct": []}
+    for start in range(0, n_rows, ROWS_PER_BATCH):
+        idx = np.arange(start, min(start + ROWS_PER_BATCH, n_rows))
+        b = shards.get_batch("validation", lang, idx)
+        m = masker(b["input_ids"], b["word_start"], 0, seq_ids=torch.from_numpy(idx))
+        if not bool(m.selected.any()):
+            continue
+        seg = b["segment_ids"].to(torch.int32)
+        hidden = model.encode(m.input_ids.to(dev), seg.to(dev))
+        logits = model.mlm_logits(hidden, m.selected.to(dev)).float()     # [N, V]
+        y = m.labels[m.selected].to(dev)
+        logp = F.log_softmax(logits, dim=-1)
+        true_logit = logits.gather(1, y[:, None])
+        rank = (logits > true_logit).sum(1) + 1                         # ties counted in the model's favour
+        conf, pred = logp.max(-1)
+        parts["target"].append(y.cpu().numpy())
+        parts["rank"].append(rank.cpu().numpy())
+        parts["loss"].append((-logp.gather(1, y[:, None])[:, 0]).double().cpu().numpy())
+        parts["conf"].append(conf.exp().double().cpu().numpy())
+        parts["correct"].append((pred == y).cpu().numpy())
+    return {k: np.concatenate(v) if v else np.zeros(0) for k, v in parts.items()}
+
+
+def evaluate_intrinsic(model, shards, cfg, special_ids: Mapping[str, int], seed: int = 0,
+                       counts: dict[str, np.ndarray] | None = None) -> dict:
+    """Per-language masked-token metrics on the first ``cfg.max_sequences`` validation rows (see module docstring).
+
+    ``special_ids``: role -> id for pad, cls, sep, mask (unk optional). ``counts``: precomputed train token
+    counts per language (default: ``unigram_counts(shards, special_ids)``).
+    """
+    import torch
+    missing_roles = sorted({"pad", "cls", "sep", "mask"} - set(special_ids))
+    if missing_roles:
+        raise ValueError(f"special_ids lacks {missing_roles} (has {sorted(special_ids)})")
+    vocab = int(model.arch.vocab_size)
+    shard_vocab = shards.manifest.get("vocab_size")
+    if shard_vocab is not None and int(shard_vocab) != vocab:
+        raise ValueError(f"the shards were encoded with a vocabulary of {shard_vocab} tokens, the model has {vocab}")
+    counts = counts if counts is not None else unigram_counts(shards, special_ids)
+    langs = sorted(set(shards.languages("train")) | set(shards.languages("validation"))
+                   | set(shards.manifest.get("languages", {})) | set(shards.manifest.get("dropped_languages", [])))
+    masker = _eval_masker(vocab, special_ids, seed)
+    dev = next(model.parameters()).device
+    was = model.training
+    model.eval()
+    out: dict[str, dict] = {}
+    try:
+        with torch.inference_mode():
+            for lang in langs:
+                n_val = shards.rows_per_lang("validation").get(lang, 0)
+                if n_val == 0:
+                    out[lang] = {"missing": True, "reason": "no validation rows"}
+                    continue
+                s = _score_language(model, shards, lang, min(n_val, cfg.max_sequences), masker, dev)
+                if len(s["rank"]) == 0:
+                    out[lang] = {"missing": True, "reason": "no masked position in the validation rows"}
+                    continue
+                out[lang] = _summarize(s, counts.get(lang), cfg.ece_bins)
+                log.info("intrinsic: %s: top1 %.3f (baseline %s), ppl %.1f, ECE %.3f over %d positions", lang,
+                         out[lang]["top1"], out[lang]["baseline_top1"], out[lang]["perplexity"], out[lang]["ece"],
+                         out[lang]["n_positions"])
+    finally:
+        model.train(was)
+    return out
+
+
+def _summarize(s: dict[str, np.ndarray], counts: np.ndarray | None, n_bins: int) -> dict:
+    loss = float(s["loss"].mean())
+    ece, table = expected_calibration_error(s["conf"], s["correct"], n_bins)
+    r = {"n_positions": int(len(s["rank"])), **rank_metrics(s["rank"]), "loss": loss,
+         "perplexity": math.exp(loss) if loss < 700 else float("inf"), "ece": ece, "reliability": table}
+    if counts is None or counts.sum() == 0:        # no train tokens for this language: no baseline to stand next to
+        r |= {"baseline_top1": None, "baseline_top5": None, "baseline_mrr": None}
+    else:
+        b = rank_metrics(frequency_ranks(counts)[s["target"].astype(np.int64)])
+        r |= {"baseline_top1": b["top1"], "baseline_top5": b["top5"], "baseline_mrr": b["mrr"]}
+    return r
+
+
+# ------------------------------------------------------------------------------------------ plot
+def reliability_plot(results: Mapping[str, dict], path: Path) -> Path:
+    """One reliability diagram per (non-missing) language: accuracy per confidence bin vs the diagonal."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    langs = [lang for lang in sorted(results) if not results[lang].get("missing")]
+    n = max(len(langs), 1)
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for ax, lang in zip(axes.flat, langs):
+        ax.set_visible(True)
+        table = results[lang]["reliability"]
+        width = table[0]["bin_hi"] - table[0]["bin_lo"]
+        full = [t for t in table if t["count"]]
+        ax.bar([t["bin_lo"] for t in full], [t["accuracy"] for t in full], width=width, align="edge",
+               color="#4878d0", edgecolor="black", linewidth=0.5, label="accuracy")
+        ax.bar([t["bin_lo"] for t in full], [t["confidence"] - t["accuracy"] for t in full], width=width,
+               bottom=[t["accuracy"] for t in full], align="edge", color="#ee854a", alpha=0.5, label="gap")
+        ax.plot([0, 1], [0, 1], "k--", linewidth=0.8)
+        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy",
+               title=f"{lang}: ECE {results[lang]['ece']:.3f} (n={results[lang]['n_positions']})")
+        ax.legend(loc="upper left", fontsize=7)
+    if not langs:
+        axes.flat[0].set_visible(True)
+        axes.flat[0].text(0.5, 0.5, "no language evaluated", ha="center", va="center")
+        axes.flat[0].set_axis_off()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ wrapper
+def special_ids_from_manifest(manifest: dict) -> dict[str, int]:
+    """role -> id from a tokenizer/shards manifest's ``special_tokens`` ({role: {"token", "id"}} or {role: id})."""
+    st = manifest.get("special_tokens") or {}
+    return {role: int(v["id"] if isinstance(v, dict) else v) for role, v in st.items()}
+
+
+def validation_texts(normalize_dir: Path, langs: list[str], fraction: float | None, limit: int) -> dict[str, list[str]]:
+    """Up to ``limit`` documents per language from the shards' validation split (same rule as the shards stage:
+    int(hash[:8], 16) / 2**32 < fraction); the last documents when there is no fraction or hash column."""
+    import pyarrow.parquet as pq
+
+    from mlm_core.shards.build import hash_prefix_u32, validation_mask
+    out: dict[str, list[str]] = {}
+    for lang in langs:
+        f = Path(normalize_dir) / "docs" / f"{lang}.parquet"
+        if not f.is_file():
+            continue
+        cols = [c for c in ("text", "hash") if c in pq.ParquetFile(f).schema_arrow.names]
+        tbl = pq.read_table(f, columns=cols)
+        texts = tbl.column("text").to_pylist()
+        if fraction is not None and "hash" in cols and len(texts):
+            mask = validation_mask(hash_prefix_u32(tbl.column("hash").combine_chunks()), fraction)
+            out[lang] = [t for t, v in zip(texts, mask) if v][:limit]
+        else:
+            out[lang] = texts[-limit:] if limit else []
+    return out
+
+
+def run_intrinsic(model_dir: Path, shards_dir: Path, normalize_dir: Path | None, cfg, seed: int = 0,
+                  plot_path: Path | None = None) -> dict:
+    """Load the model folder, the shard set and (for PLL) the normalized documents; returns
+    {"intrinsic": evaluate_intrinsic(...), "pll": evaluate_pll(...) or {} without normalize_dir}.
+    ``plot_path``: also write the reliability diagrams there."""
+    from mlm_core.evaluate.pll import evaluate_pll
+    from mlm_core.fillmask import load_model_dir
+    from mlm_core.shards.reader import ShardDataset
+    model, tok, _mask = load_model_dir(Path(model_dir))
+    with ShardDataset(shards_dir) as ds:
+        specials = special_ids_from_manifest(ds.manifest)
+        intrinsic = evaluate_intrinsic(model, ds, cfg, specials, seed=seed)
+        fraction = (ds.manifest.get("config", {}).get("shards", {}) or {}).get("validation_fraction")
+        langs = sorted(intrinsic)
+        seq_len = ds.seq_len
+    if plot_path is not None:
+        reliability_plot(intrinsic, plot_path)
+    pll: dict = {}
+    if normalize_dir is not None and cfg.pll_sentences > 0:
+        texts = validation_texts(Path(normalize_dir), langs, fraction, cfg.pll_sentences)
+        texts = {lang: texts.get(lang, []) for lang in langs}
+        # score at most one shard row's worth of content per text: PLL costs one forward pass per token
+        pll = evaluate_pll(model, tok, texts, cfg, special_ids=specials, max_tokens=seq_len - 2)
+    return {"intrinsic": intrinsic, "pll": pll}
+
+
+__all__ = ["evaluate_intrinsic", "expected_calibration_error", "rank_metrics", "unigram_counts", "frequency_ranks",
+           "reliability_plot", "run_intrinsic", "special_ids_from_manifest", "validation_texts"]

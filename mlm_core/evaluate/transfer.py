@@ -1,0 +1,304 @@
+"""Zero-shot cross-lingual transfer (XTREME protocol, Hu et al., 2020): fine-tune on the source
+language only, evaluate on every target language; plus Tatoeba-style parallel-sentence retrieval.
+
+In: a trained model folder (``fillmask.load_model_dir``), an ``EvaluateConfig`` whose paths are
+relative to ``base_dir`` (the config file's folder), a seed. Out: ``run_transfer`` returns
+{"upos": ..., "classification": ..., "retrieval": ...} (a task not configured is absent).
+
+- UPOS tagging: words -> subwords with ``Tokenizer.encode(words, is_pretokenized=True)``; the label
+  sits on each word's first subword (``word_ids``), the others are ignored (-100). Word-level accuracy;
+  a word whose first subword is cut by truncation, or that yields no subword, counts as wrong.
+- Sentence classification: mean of the non-pad hidden states -> linear head; accuracy.
+- Per target: ``score``, ``source_score``, ``gap`` = score − source_score (negative = loss in transfer),
+  ``majority_baseline`` (the most frequent source training label predicted everywhere, scored on
+  the target) and ``unseen_labels`` (target gold labels never seen in the source training data: they
+  can only be scored wrong; reported, not an error). ``source_score`` is the source language's test
+  score when ``source_lang`` is also a target, else the score on the source validation split.
+- Validation split: the ``dev`` file, else a seeded 10% of ``train``; both capped at
+  ``finetune.max_train_examples``, like the training set.
+- Retrieval: mean-pooled (non-pad) states of ``retrieval_layer`` (0 = embeddings, k = after block k,
+  -1 = last), cosine nearest neighbour between the first language and each other one, accuracy in
+  both directions, on the sentences present in both (JSONL: by ``id``; plain text: line by line).
+
+Data files (see ``conll``): CoNLL-U, TSV or JSONL. The demo parallel JSONL serves all three tasks:
+a ``.jsonl`` path is filtered to the task's language (source_lang or the target key), or to the
+language named by a ``#lang=xx`` fragment (``parallel.jsonl#lang=fr``), which wins; its ``upos``
+fields feed tagging and its ``topic`` fields serve as classification labels.
+"""
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from mlm_core.config import EvaluateConfig, FinetuneConfig, TransferTask
+from mlm_core.evaluate.conll import ConllError, read_aligned, read_labeled, read_tagged
+from mlm_core.evaluate.finetune import IGNORE, Example, build_task_model, collate, fit, mean_pool
+
+log = logging.getLogger(__name__)
+
+MAX_LEN = 256          # subwords per input ([CLS]/[SEP] included), also capped by the model's max_positions
+EVAL_BATCH = 64        # inputs per no-grad forward pass
+VALIDATION_FRACTION = 0.1
+
+
+# ---- tokenization ----------------------------------------------------------------------------------
+def plain_tokenizer(tok):
+    """A copy of ``tok`` with padding and truncation off (we pad per batch and truncate ourselves)."""
+    from tokenizers import Tokenizer
+    t = Tokenizer.from_str(tok.to_str())
+    t.no_padding()
+    t.no_truncation()
+    return t
+
+
+def encode_words(tok, sentences: list[list[str]], max_len: int) -> list[tuple[list[int], list[int]]]:
+    """Per sentence: (subword ids truncated to ``max_len``, index of each word's first subword or -1)."""
+    out = []
+    for enc, words in zip(tok.encode_batch(sentences, is_pretokenized=True), sentences):
+        ids, wids = enc.ids[:max_len], enc.word_ids[:max_len]
+        first = [-1] * len(words)
+        for pos, w in enumerate(wids):
+            if w is not None and first[w] < 0:
+                first[w] = pos
+        out.append((ids, first))
+    return out
+
+
+def encode_texts(tok, texts: list[str], max_len: int) -> list[list[int]]:
+    return [enc.ids[:max_len] or [0] for enc in tok.encode_batch(texts)]
+
+
+def max_len_of(model) -> int:
+    return min(MAX_LEN, model.arch.max_positions)
+
+
+# ---- splits and scores -----------------------------------------------------------------------------
+def source_splits(train: list, dev: list | None, cap: int | None, seed: int) -> tuple[list, list]:
+    """(train, validation): the dev list, or a seeded 10% of train; both capped at ``cap`` (seeded)."""
+    rng = random.Random(seed)
+    train = list(train)
+    if dev is None:
+        if len(train) < 2:
+            raise ConllError(f"the source training data has {len(train)} example(s): too few to hold out validation")
+        rng.shuffle(train)
+        n_val = max(1, round(VALIDATION_FRACTION * len(train)))
+        dev, train = train[:n_val], train[n_val:]
+    elif cap is not None and len(dev) > cap:
+        dev = rng.sample(dev, cap)
+    if cap is not None and len(train) > cap:
+        train = rng.sample(train, cap)
+    return train, list(dev)
+
+
+def accuracy(pred: list[str | None], gold: list[str]) -> float:
+    return sum(p == g for p, g in zip(pred, gold)) / max(1, len(gold))
+
+
+def target_report(pred: list[str | None], gold: list[str], source_labels: set[str], majority: str) -> dict:
+    """score, majority baseline, n, unseen labels (gold labels absent from the source training data)."""
+    unseen = Counter(g for g in gold if g not in source_labels)
+    return {"score": round(accuracy(pred, gold), 5), "majority_baseline": round(accuracy([majority] * len(gold), gold), 5),
+            "n": len(gold), "unseen_labels": {"count": sum(unseen.values()), "labels": sorted(unseen)}}
+
+
+def finish_report(kind: str, task: TransferTask, res, targets: dict[str, dict], labels: list[str], majority: str,
+                  n_train: int, n_val: int) -> dict:
+    """Add source score and gap to each target; assemble the task's report."""
+    if task.source_lang in targets:
+        source_score, source_on = targets[task.source_lang]["score"], "test"
+    else:
+        source_score, source_on = round(res.best_score, 5), "validation"
+    for t in targets.values():
+        t["source_score"] = source_score
+        t["gap"] = round(t["score"] - source_score, 5)
+    return {"task": kind, "metric": "accuracy", "source_lang": task.source_lang, "source_score": source_score,
+            "source_score_on": source_on, "validation_score": round(res.best_score, 5), "n_train": n_train,
+            "n_validation": n_val, "labels": labels, "majority_label": majority, "best_epoch": res.best_epoch,
+            "epochs_run": len(res.history), "stopped_early": res.stopped_early, "steps": res.steps,
+            "history": res.history, "targets": targets}
+
+
+# ---- UPOS tagging ----------------------------------------------------------------------------------
+@torch.inference_mode()
+def predict_tags(model, encoded: list[tuple[list[int], list[int]]], labels: list[str], pad_id: int) -> list[str | None]:
+    """Flat word-level predictions (None where a word has no subword in the input)."""
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))
+    per_sent: dict[int, list[str | None]] = {}
+    for s in range(0, len(order), EVAL_BATCH):
+        idx = order[s: s + EVAL_BATCH]
+        ids, seg, _ = collate([Example(encoded[i][0], 0) for i in idx], pad_id)
+        best = model(ids, seg).argmax(-1).tolist()
+        for row, i in enumerate(idx):
+            per_sent[i] = [labels[best[row][p]] if p >= 0 else None for p in encoded[i][1]]
+    return [p for i in range(len(encoded)) for p in per_sent[i]]
+
+
+def tagging_examples(encoded, sentences, label_id: dict[str, int]) -> list[Example]:
+    out = []
+    for (ids, first), sent in zip(encoded, sentences):
+        lab = [IGNORE] * len(ids)
+        for pos, tag in zip(first, sent.upos):
+            if pos >= 0 and tag in label_id:
+                lab[pos] = label_id[tag]
+        out.append(Example(ids, lab))
+    return out
+
+
+def run_upos(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path, seed: int) -> dict:
+    """Fine-tune a tagger on ``task.train`` (source language) and score every target (word accuracy)."""
+    tok, L, pad = plain_tokenizer(tok), max_len_of(model), model.arch.pad_id
+    train = read_tagged(base_dir / task.train, task.source_lang)
+    dev = read_tagged(base_dir / task.dev, task.source_lang) if task.dev else None
+    train, val = source_splits(train, dev, ft.max_train_examples, seed)
+    counts = Counter(t for s in train for t in s.upos)
+    labels = sorted(counts)
+    label_id = {t: i for i, t in enumerate(labels)}
+    majority = min(counts, key=lambda t: (-counts[t], t))
+    train_ex = tagging_examples(encode_words(tok, [s.tokens for s in train], L), train, label_id)
+    val_enc = encode_words(tok, [s.tokens for s in val], L)
+    val_gold = [t for s in val for t in s.upos]
+    tagger = build_task_model(model, len(labels), "token", ft, seed)
+    res = fit(tagger, train_ex, lambda m: accuracy(predict_tags(m, val_enc, labels, pad), val_gold), ft, seed, pad)
+    targets = {}
+    for lang, path in task.targets.items():
+        sents = read_tagged(base_dir / path, lang)
+        enc = encode_words(tok, [s.tokens for s in sents], L)
+        gold = [t for s in sents for t in s.upos]
+        pred = predict_tags(tagger, enc, labels, pad)
+        targets[lang] = target_report(pred, gold, set(labels), majority)
+        targets[lang]["uncovered_words"] = sum(p < 0 for _, first in enc for p in first)
+        targets[lang]["sentences"] = len(sents)
+    return finish_report("upos", task, res, targets, labels, majority, len(train), len(val))
+
+
+# ---- sentence classification ----------------------------------------------------------------------
+@torch.inference_mode()
+def predict_classes(model, ids_list: list[list[int]], labels: list[str], pad_id: int) -> list[str]:
+    order = sorted(range(len(ids_list)), key=lambda i: len(ids_list[i]))
+    pred: dict[int, str] = {}
+    for s in range(0, len(order), EVAL_BATCH):
+        idx = order[s: s + EVAL_BATCH]
+        ids, seg, _ = collate([Example(ids_list[i], 0) for i in idx], pad_id)
+        for i, c in zip(idx, model(ids, seg).argmax(-1).tolist()):
+            pred[i] = labels[c]
+    return [pred[i] for i in range(len(ids_list))]
+
+
+def run_classification(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path, seed: int) -> dict:
+    """Fine-tune a mean-pooled sentence classifier on the source language; accuracy per target."""
+    tok, L, pad = plain_tokenizer(tok), max_len_of(model), model.arch.pad_id
+    train = read_labeled(base_dir / task.train, task.source_lang)
+    dev = read_labeled(base_dir / task.dev, task.source_lang) if task.dev else None
+    train, val = source_splits(train, dev, ft.max_train_examples, seed)
+    counts = Counter(lab for _, lab in train)
+    labels = sorted(counts)
+    label_id = {t: i for i, t in enumerate(labels)}
+    majority = min(counts, key=lambda t: (-counts[t], t))
+    train_ex = [Example(ids, label_id[lab]) for ids, (_, lab) in zip(encode_texts(tok, [t for t, _ in train], L), train)]
+    val_ids, val_gold = encode_texts(tok, [t for t, _ in val], L), [lab for _, lab in val]
+    clf = build_task_model(model, len(labels), "mean", ft, seed)
+    res = fit(clf, train_ex, lambda m: accuracy(predict_classes(m, val_ids, labels, pad), val_gold), ft, seed, pad)
+    targets = {}
+    for lang, path in task.targets.items():
+        data = read_labeled(base_dir / path, lang)
+        pred = predict_classes(clf, encode_texts(tok, [t for t, _ in data], L), labels, pad)
+        targets[lang] = target_report(pred, [lab for _, lab in data], set(labels), majority)
+    return finish_report("classification", task, res, targets, labels, majority, len(train), len(val))
+
+
+# ---- retrieval -------------------------------------------------------------------------------------
+def resolve_layer(layer: int, n_layers: int) -> int:
+    """-1 -> L (last); k in 0..L kept; anything else is an error."""
+    k = layer if layer >= 0 else n_layers + 1 + layer
+    if not 0 <= k <= n_layers:
+        raise ValueError(f"retrieval_layer {layer} is outside the model's layers (0..{n_layers}, or -1..-{n_layers + 1})")
+    return k
+
+
+@torch.inference_mode()
+def layer_states(model, ids: torch.Tensor, seg: torch.Tensor, layer: int) -> torch.Tensor:
+    """Hidden states [B,T,H] after block ``layer`` (0 = embeddings, L or -1 = the encoder's output).
+
+    ``MLMEncoder.encode`` returns only the last layer, so intermediate ones are caught with a forward
+    hook on the embedding LayerNorm (layer 0) or on block ``layer`` (dropout is off in eval mode).
+    """
+    L = len(model.blocks)
+    k = resolve_layer(layer, L)
+    if k == L:
+        return model.encode(ids, seg)
+    caught = {}
+    module = model.emb_norm if k == 0 else model.blocks[k - 1]
+    handle = module.register_forward_hook(lambda _m, _i, out: caught.setdefault("h", out))
+    try:
+        model.encode(ids, seg)
+    finally:
+        handle.remove()
+    return caught["h"]
+
+
+def sentence_vectors(model, tok, texts: list[str], layer: int) -> torch.Tensor:
+    """Unit-norm mean-pooled states of ``layer`` for each text: [N, H]."""
+    ids_list = encode_texts(plain_tokenizer(tok), texts, max_len_of(model))
+    order = sorted(range(len(texts)), key=lambda i: len(ids_list[i]))
+    out = torch.zeros(len(texts), model.arch.hidden)
+    was_training = model.training
+    model.eval()
+    for s in range(0, len(order), EVAL_BATCH):
+        idx = order[s: s + EVAL_BATCH]
+        ids, seg, _ = collate([Example(ids_list[i], 0) for i in idx], model.arch.pad_id)
+        out[idx] = mean_pool(layer_states(model, ids, seg, layer), seg).float()
+    model.train(was_training)
+    return torch.nn.functional.normalize(out, dim=-1)
+
+
+def retrieval_accuracy(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """(a->b, b->a) nearest-neighbour accuracy of unit vectors where row i of a translates row i of b."""
+    sim = a @ b.T
+    gold = torch.arange(len(a))
+    return (float((sim.argmax(1) == gold).float().mean()), float((sim.argmax(0) == gold).float().mean()))
+
+
+def run_retrieval(model, tok, files: dict[str, str], layer: int, base_dir: Path) -> dict:
+    """Pair the first language of ``files`` with each other one; accuracy in both directions."""
+    langs = list(files)
+    if len(langs) < 2:
+        raise ConllError(f"retrieval needs at least two languages, got {langs}")
+    pivot = langs[0]
+    texts = {lang: read_aligned(base_dir / files[lang], lang) for lang in langs}
+    k = resolve_layer(layer, len(model.blocks))
+    pairs = {}
+    for lang in langs[1:]:
+        ids = [i for i, t in texts[pivot].items() if t.strip() and texts[lang].get(i, "").strip()]
+        if len(ids) < 2:
+            raise ConllError(f"retrieval {pivot}-{lang}: {len(ids)} aligned sentence(s) ({files[pivot]}, {files[lang]})")
+        src = sentence_vectors(model, tok, [texts[pivot][i] for i in ids], k)
+        tgt = sentence_vectors(model, tok, [texts[lang][i] for i in ids], k)
+        fwd, bwd = retrieval_accuracy(src, tgt)
+        pairs[lang] = {"n": len(ids), "src_to_tgt": round(fwd, 5), "tgt_to_src": round(bwd, 5),
+                       "mean": round((fwd + bwd) / 2, 5), "chance": round(1 / len(ids), 5)}
+    return {"pivot": pivot, "layer": k, "metric": "accuracy@1", "pairs": pairs}
+
+
+# ---- the entry point -------------------------------------------------------------------------------
+def run_transfer(model_dir: Path, cfg: EvaluateConfig, base_dir: Path, seed: int) -> dict:
+    """Every configured transfer task for the model in ``model_dir``; the model on disk is not modified."""
+    from mlm_core.fillmask import load_model_dir
+    model, tok, _ = load_model_dir(Path(model_dir))
+    base_dir = Path(base_dir)
+    out: dict = {}
+    if cfg.upos is not None:
+        out["upos"] = run_upos(model, tok, cfg.upos, cfg.finetune, base_dir, seed)
+    if cfg.classification is not None:
+        out["classification"] = run_classification(model, tok, cfg.classification, cfg.finetune, base_dir, seed)
+    if cfg.retrieval:
+        out["retrieval"] = run_retrieval(model, tok, cfg.retrieval, cfg.retrieval_layer, base_dir)
+    return out
+
+
+__all__ = ["accuracy", "encode_texts", "encode_words", "layer_states", "plain_tokenizer", "predict_classes",
+           "predict_tags", "resolve_layer", "retrieval_accuracy", "run_classification", "run_retrieval",
+           "run_transfer", "run_upos", "sentence_vectors", "source_splits", "target_report"]

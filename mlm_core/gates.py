@@ -1,0 +1,154 @@
+"""Promotion gates: does the candidate model deserve the alias ``champion``?
+
+In: the declared thresholds (``GatesConfig``; a threshold of None = gate not declared), the evaluation
+report and the audit report. Out: one ``GateResult`` per check (per language for the per-language
+gates), and ``all_passed``.
+
+Evaluation shape read here (missing keys fail the gate that needs them, with a detail saying what is
+missing; nothing is read as zero):
+    {"intrinsic": {lang: {"top1", "baseline_top1", "ece", "missing"?: bool | reason}},
+     "transfer": {task: {"source_score", "targets": {lang: {"score", "missing"?}}}}}
+Audit shape: {"crows": {lang: {"metric_score"}}}.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+NO_DATA = "no held-out data"
+
+
+@dataclass(frozen=True)
+class GateResult:
+    name: str            # gate, with the language when per language: "min_top1/en"
+    passed: bool
+    value: float | None  # the measured value (None when it could not be computed)
+    threshold: float
+    detail: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def _check(name: str, value: float | None, threshold: float, lower_bound: bool, what: str,
+           missing: str | None = None) -> GateResult:
+    if value is None:
+        return GateResult(name, False, None, threshold, missing or f"{what} not reported")
+    ok = value >= threshold if lower_bound else value <= threshold
+    op = (">=" if ok else "<") if lower_bound else ("<=" if ok else ">")
+    return GateResult(name, ok, round(value, 6), threshold, f"{what} {value:.4f} {op} {threshold:g}")
+
+
+def _intrinsic_gates(evaluation: dict, gate: str, threshold: float, lower_bound: bool, what: str, get) -> list:
+    intr = evaluation.get("intrinsic") if isinstance(evaluation, dict) else None
+    if not isinstance(intr, dict) or not intr:
+        return [GateResult(gate, False, None, threshold, "no intrinsic evaluation in the report")]
+    out = []
+    for lang in sorted(intr):
+        rec = intr[lang] if isinstance(intr[lang], dict) else {}
+        name = f"{gate}/{lang}"
+        if not rec or rec.get("missing"):
+            out.append(GateResult(name, False, None, threshold, NO_DATA))
+            continue
+        value, missing = get(rec)
+        out.append(_check(name, value, threshold, lower_bound, f"{lang}: {what}", f"{lang}: {missing}"))
+    return out
+
+
+def _top1(rec):
+    v = _num(rec.get("top1"))
+    return v, ("" if v is not None else "top1 not reported")
+
+
+def _margin(rec):
+    t, b = _num(rec.get("top1")), _num(rec.get("baseline_top1"))
+    if t is None or b is None:
+        return None, f"{'top1' if t is None else 'baseline_top1'} not reported"
+    return t - b, ""
+
+
+def _ece(rec):
+    v = _num(rec.get("ece"))
+    return v, ("" if v is not None else "ece not reported")
+
+
+def _crows_gates(audit: dict, threshold: float) -> list:
+    crows = audit.get("crows") if isinstance(audit, dict) else None
+    if not isinstance(crows, dict) or not crows:
+        return [GateResult("max_crows_deviation", False, None, threshold,
+                           "no CrowS-Pairs audit ran (audit.crows_pairs is empty)")]
+    out = []
+    for lang in sorted(crows):
+        score = _num((crows[lang] or {}).get("metric_score"))
+        name = f"max_crows_deviation/{lang}"
+        if score is None:
+            out.append(GateResult(name, False, None, threshold, f"{lang}: no CrowS-Pairs metric score"))
+        else:
+            out.append(_check(name, abs(score - 50.0), threshold, False,
+                              f"{lang}: |metric score {score:.2f} - 50|"))
+    return out
+
+
+def _transfer_gate(evaluation: dict, threshold: float) -> list:
+    name = "max_transfer_gap"
+    tr = evaluation.get("transfer") if isinstance(evaluation, dict) else None
+    if not isinstance(tr, dict) or not tr:
+        return [GateResult(name, False, None, threshold, "no zero-shot transfer evaluation in the report")]
+    gaps, problems = [], []
+    for task in sorted(tr):
+        rec = tr[task] if isinstance(tr[task], dict) else {}
+        src, targets = _num(rec.get("source_score")), rec.get("targets")
+        if src is None:
+            problems.append(f"{task}: no source_score")
+            continue
+        if not isinstance(targets, dict) or not targets:
+            problems.append(f"{task}: no targets")
+            continue
+        for lang in sorted(targets):
+            t = targets[lang] if isinstance(targets[lang], dict) else {}
+            score = _num(t.get("score"))
+            if t.get("missing") or score is None:
+                problems.append(f"{task}/{lang}: {NO_DATA if t.get('missing') else 'no score'}")
+            else:
+                gaps.append((src - score, task, lang))
+    if problems:
+        worst = max(gaps)[0] if gaps else None
+        return [GateResult(name, False, None if worst is None else round(worst, 6), threshold, "; ".join(problems))]
+    gap, task, lang = max(gaps)
+    return [_check(name, gap, threshold, False, f"worst gap {task}/{lang} (source - target)")]
+
+
+def evaluate_gates(gates, evaluation: dict, audit: dict) -> list[GateResult]:
+    """Every declared gate (``gates``: a ``GatesConfig``; a None threshold is not declared and not listed).
+
+    min_top1, min_top1_over_baseline, max_ece: one result per evaluated language; a language marked
+    ``missing`` fails with "no held-out data". max_crows_deviation: one per audited language,
+    |metric score − 50|. max_transfer_gap: one result, the largest source − target score over tasks and
+    target languages. A gate whose input is absent fails with a detail naming what is absent.
+    """
+    evaluation, audit = evaluation or {}, audit or {}
+    out: list[GateResult] = []
+    if gates.min_top1 is not None:
+        out += _intrinsic_gates(evaluation, "min_top1", gates.min_top1, True, "top1", _top1)
+    if gates.min_top1_over_baseline is not None:
+        out += _intrinsic_gates(evaluation, "min_top1_over_baseline", gates.min_top1_over_baseline, True,
+                                "top1 - baseline_top1", _margin)
+    if gates.max_ece is not None:
+        out += _intrinsic_gates(evaluation, "max_ece", gates.max_ece, False, "ECE", _ece)
+    if gates.max_crows_deviation is not None:
+        out += _crows_gates(audit, gates.max_crows_deviation)
+    if gates.max_transfer_gap is not None:
+        out += _transfer_gate(evaluation, gates.max_transfer_gap)
+    return out
+
+
+def all_passed(results: list[GateResult]) -> bool:
+    """True when every gate passed (vacuously True when none is declared)."""
+    return all(r.passed for r in results)
+
+
+__all__ = ["GateResult", "evaluate_gates", "all_passed", "NO_DATA"]

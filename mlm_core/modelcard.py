@@ -1,0 +1,175 @@
+"""The model card: one markdown page telling what the model was trained on, how it scores, and why it
+was (or was not) promoted.
+
+In: manifests and reports of the run (plain dicts, any key may be absent: it shows as "—"), the gate
+results and the promotion decision. Out: markdown text. Sections follow Mitchell et al. (2019),
+"Model Cards for Model Reporting": details, training data, evaluation, quantitative analyses (per
+language), ethical considerations (the bias audit and its limits), and the decision.
+"""
+from __future__ import annotations
+
+import math
+
+DASH = "—"
+
+
+def _fmt(x, digits: int = 4) -> str:
+    if x is None or isinstance(x, bool):
+        return DASH if x is None else str(x)
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        return DASH if not math.isfinite(x) else f"{x:.{digits}f}"
+    return str(x)
+
+
+def _cell(x, digits: int = 4) -> str:
+    return _fmt(x, digits).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    if not rows:
+        return ["_(none)_"]
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(_cell(c) if not isinstance(c, str) else c.replace("|", "\\|") for c in r) + " |"
+            for r in rows]
+    return out
+
+
+def _get(d, *keys):
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def _first(d: dict, *keys):
+    for k in keys:
+        if isinstance(d, dict) and d.get(k) is not None:
+            return d[k]
+    return None
+
+
+def _data_section(data: dict, tokenizer: dict) -> list[str]:
+    langs = _get(data, "languages") or {}
+    alpha = _first(data, "sampling_alpha", "alpha")
+    if alpha is None:
+        alpha = _get(tokenizer, "sample", "alpha")
+    weights = _first(data, "sampling_weights", "weights") or {}
+    rows = [[lang, _get(p, "docs"), _get(p, "chars"), _get(p, "bytes"), _get(p, "duplicates"),
+             _get(p, "quarantined"), _fmt(weights.get(lang))] for lang, p in sorted(langs.items())]
+    out = ["## Training data", "", f"Languages: {', '.join(sorted(langs)) or DASH}. "
+           f"Language sampling exponent α = {_fmt(alpha, 2)} (p(l) ∝ n_l^α).", ""]
+    out += _table(["lang", "docs", "chars", "bytes", "duplicates dropped", "quarantined", "sampling weight"], rows)
+    counts = _get(data, "counts") or {}
+    if counts:
+        out += ["", f"Total: {_fmt(counts.get('docs'))} documents, {_fmt(counts.get('chars'))} characters; "
+                f"quarantine rate {_fmt(_get(data, 'quarantine_rate'))}."]
+    return out + [""]
+
+
+def _tokenizer_section(tok: dict) -> list[str]:
+    out = ["## Tokenizer", "", f"Algorithm: {_fmt(_get(tok, 'algorithm'))}, vocabulary {_fmt(_get(tok, 'vocab_size'))} "
+           f"(requested {_fmt(_get(tok, 'vocab_size_requested'))}), special tokens {_fmt(_get(tok, 'style'))}, "
+           f"lowercase {_fmt(_get(tok, 'lowercase'))}.", ""]
+    langs = _get(tok, "languages") or {}
+    rows = [[lang, _get(s, "tokens_per_word"), _get(s, "tokens_per_char"), _get(s, "unk_rate")]
+            for lang, s in sorted(langs.items())]
+    return out + _table(["lang", "tokens/word (fertility)", "tokens/char", "UNK rate"], rows) + [""]
+
+
+def _training_section(tr: dict) -> list[str]:
+    arch = _get(tr, "arch") or {}
+    shape = ", ".join(f"{k} {arch[k]}" for k in ("layers", "hidden", "heads", "ffn", "position", "norm",
+                                                  "max_positions", "vocab_size") if k in arch)
+    out = ["## Training", "", f"Objective: {_fmt(_get(tr, 'objective'))}. Architecture: {shape or DASH}.",
+           f"Steps: {_fmt(_get(tr, 'steps'))}; tokens seen: {_fmt(_get(tr, 'tokens'))}; parameters: "
+           f"{_fmt(_get(tr, 'counts', 'params'))}; final training loss: {_fmt(_get(tr, 'final_loss'))}.", ""]
+    ev = _get(tr, "eval") or {}
+    if ev:
+        rows = [[lang, _get(r, "loss"), _get(r, "acc"), _get(r, "baseline_acc")] for lang, r in sorted(ev.items())]
+        out += ["Validation at the end of training:", ""]
+        out += _table(["lang", "loss", "masked accuracy", "unigram baseline"], rows) + [""]
+    return out
+
+
+def _evaluation_section(ev: dict) -> list[str]:
+    out = ["## Evaluation", "", "### Masked-token prediction (held-out text, per language)", ""]
+    intr = _get(ev, "intrinsic") or {}
+    rows = []
+    for lang, r in sorted(intr.items()):
+        if not isinstance(r, dict) or r.get("missing"):
+            rows.append([lang, "no held-out data", DASH, DASH, DASH, DASH])
+            continue
+        t, b = r.get("top1"), r.get("baseline_top1")
+        margin = t - b if isinstance(t, (int, float)) and isinstance(b, (int, float)) else None
+        rows.append([lang, t, b, margin, r.get("ece"), _first(r, "perplexity", "pseudo_perplexity", "pppl")])
+    out += _table(["lang", "top-1", "unigram baseline top-1", "margin", "ECE", "(pseudo-)perplexity"], rows)
+    out += ["", "### Zero-shot cross-lingual transfer (fine-tuned on the source language only)", ""]
+    rows = []
+    for task, r in sorted((_get(ev, "transfer") or {}).items()):
+        src, src_lang = _get(r, "source_score"), _first(r, "source_lang", "source") or "source"
+        rows.append([task, f"{src_lang} (source)", src, DASH])
+        for lang, t in sorted((_get(r, "targets") or {}).items()):
+            score = _get(t, "score")
+            gap = src - score if isinstance(src, (int, float)) and isinstance(score, (int, float)) else None
+            rows.append([task, lang, score, gap])
+    out += _table(["task", "language", "score", "gap (source − target)"], rows)
+    return out + [""]
+
+
+def _audit_section(audit: dict) -> list[str]:
+    out = ["## Bias audit", "", "### CrowS-Pairs (% of pairs where the model prefers the more stereotypical "
+           "sentence; 50 = no preference)", ""]
+    rows = [[lang, _get(r, "n"), _fmt(_get(r, "metric_score"), 2), _fmt(_get(r, "stereo_score"), 2),
+             _fmt(_get(r, "antistereo_score"), 2), _fmt(_get(r, "neutral_pct"), 2)]
+            for lang, r in sorted((_get(audit, "crows") or {}).items())]
+    out += _table(["lang", "pairs", "metric score", "stereo score", "anti-stereo score", "neutral %"], rows)
+    out += ["", "### Templates (Δ = mean log p(attribute | group 1) − log p(attribute | group 2); "
+            "KL = divergence of the attribute distribution from the neutral context)", ""]
+    rows = []
+    for lang, r in sorted((_get(audit, "templates") or {}).items()):
+        deltas = ", ".join(f"{k} {_fmt(v)}" for k, v in sorted((_get(r, "delta_bias") or {}).items())) or DASH
+        kls = ", ".join(f"{k} {_fmt(v)}" for k, v in sorted((_get(r, "kl_to_neutral") or {}).items())) or DASH
+        rows.append([lang, deltas, kls, ", ".join(_get(r, "multi_token_attributes") or []) or DASH])
+    out += _table(["lang", "Δ_bias", "KL to neutral", "multi-token attributes"], rows)
+    limits = _get(audit, "limits")
+    out += ["", "**Limits.** " + (limits or "No limits statement was provided with the audit.")]
+    return out + [""]
+
+
+def _gates_section(gates: list, promoted: bool) -> list[str]:
+    out = ["## Promotion gates", ""]
+    rows = [[g.name, "pass" if g.passed else "**FAIL**", g.value, g.threshold, g.detail] for g in gates]
+    out += _table(["gate", "result", "value", "threshold", "detail"], rows) if gates else ["_(no gate declared)_"]
+    failed = [g.name for g in gates if not g.passed]
+    out += ["", "## Decision", ""]
+    if promoted:
+        out.append("**Promoted** to alias `champion`: every declared gate passed.")
+    else:
+        why = f"failing gate(s): {', '.join(failed)}" if failed else "promotion was not requested"
+        out.append(f"**Not promoted**: stays `candidate` ({why}).")
+    return out + [""]
+
+
+def model_card(*, name: str, version, fingerprints: dict, data: dict, tokenizer: dict, training: dict,
+               evaluation: dict, audit: dict, gates: list, promoted: bool) -> str:
+    """The markdown model card (sections: details, training data, tokenizer, training, evaluation,
+    zero-shot transfer, bias audit with its limits, promotion gates, decision)."""
+    fp_rows = [[stage, f"`{fp}`"] for stage, fp in sorted((fingerprints or {}).items())]
+    lines = [f"# Model card: {name} (version {_fmt(version)})", "",
+             "A multilingual masked language model (BERT-style encoder) pretrained by mlm-pipeline.", "",
+             "## Details", "", "Intended use: research and fill-mask experiments, and as a starting point for "
+             "fine-tuning; not evaluated for any deployment. Provenance (content-addressed stage outputs):", ""]
+    lines += _table(["stage", "fingerprint"], fp_rows) + [""]
+    lines += _data_section(data or {}, tokenizer or {})
+    lines += _tokenizer_section(tokenizer or {})
+    lines += _training_section(training or {})
+    lines += _evaluation_section(evaluation or {})
+    lines += _audit_section(audit or {})
+    lines += _gates_section(list(gates or []), promoted)
+    return "\n".join(lines)
+
+
+__all__ = ["model_card"]

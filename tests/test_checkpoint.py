@@ -1,0 +1,160 @@
+"""Checkpoints: kill -9 at random moments never leaves a loadable partial checkpoint, a corrupt checkpoint
+is skipped for the previous complete one, another architecture is refused by name, no pickles."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from test_train import read_metrics, run, tiny_cfg, tiny_shards  # noqa: F401  (shared tiny-data helpers)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return tiny_shards(tmp_path_factory.mktemp("tiny-ckpt"))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def last_logged(work: Path) -> int:
+    """Last logged step; tolerant of a line being written right now."""
+    steps = []
+    for ln in (work / "metrics.jsonl").read_text().splitlines() if (work / "metrics.jsonl").exists() else []:
+        try:
+            steps.append(json.loads(ln)["step"])
+        except ValueError:
+            pass
+    return steps[-1] if steps else 0
+
+
+def complete_steps(root: Path) -> list[int]:
+    from mlm_core.train.checkpoint import find_latest, verify
+    steps = []
+    for p in sorted(root.glob("step-*")):
+        verify(p)                                  # every folder named step-* is complete and intact
+        steps.append(int(p.name[5:]))
+    latest = find_latest(root)
+    assert (latest[0].name if latest else None) == (f"step-{steps[-1]:07d}" if steps else None)
+    return steps
+
+
+def test_kill_9_at_random_moments_then_resume_exactly(shards, tmp_path):
+    """5 trials of kill -9 on a ``python -m mlm_core.train.worker`` process (one while a checkpoint folder is
+    being written, made slow by the MLM_CHECKPOINT_DELAY_S hook); each restart resumes from the newest
+    complete checkpoint, losing at most one interval; the finished run's losses equal a run never killed."""
+    every, steps = 5, 60
+    cfg = tiny_cfg(steps=steps, checkpoint_every=every, keep_checkpoints=3, model={"dropout": 0.1})
+    straight = run(cfg, shards[0], tmp_path / "straight")
+    work = tmp_path / "killed"
+    args = {"config": cfg.model_dump(mode="json"), "seed": 0, "shards": str(shards[0].path), "out_dir": str(work),
+            "result_file": str(tmp_path / "result.json")}
+    (tmp_path / "args.json").write_text(json.dumps(args))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    rng = random.Random(7)
+    ckroot = work / "checkpoints"
+    during_write_seen = False
+    for trial in range(5):
+        during_write = trial == 2
+        penv = {**env, "MLM_CHECKPOINT_DELAY_S": "30"} if during_write else env
+        base = max(complete_steps(ckroot)) if ckroot.exists() and list(ckroot.glob("step-*")) else 0
+        proc = subprocess.Popen([sys.executable, "-m", "mlm_core.train.worker", str(tmp_path / "args.json")],
+                                env=penv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        target = base + rng.randint(2, 9)
+        t0 = time.monotonic()
+        while proc.poll() is None and time.monotonic() - t0 < 60:
+            tmp = list(ckroot.glob(".tmp-step-*")) if ckroot.exists() else []
+            logged = last_logged(work)
+            if (during_write and tmp) or (not during_write and logged >= target):
+                if during_write:
+                    during_write_seen = True
+                    time.sleep(rng.uniform(0.0, 0.5))
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, f"trial {trial}: the worker ended on its own: {proc.stderr.read().decode()[-2000:]}"
+        proc.kill()
+        proc.wait()
+        logged = last_logged(work)
+        have = complete_steps(ckroot)
+        assert logged - have[-1] <= every, (trial, logged, have)
+        if during_write:
+            assert list(ckroot.glob(".tmp-step-*")), "the kill was meant to land inside a checkpoint write"
+    assert during_write_seen
+    # the last restart runs to the end: a partial folder is never read and is cleaned up
+    before = max(complete_steps(ckroot))
+    r = subprocess.run([sys.executable, "-m", "mlm_core.train.worker", str(tmp_path / "args.json")], env=env,
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["resumed_from"] == before and result["completed"]
+    assert not list(ckroot.glob(".tmp-step-*"))
+    assert complete_steps(ckroot) == [50, 55, 60]                # keep_checkpoints=3
+    assert [(m["step"], m["loss"]) for m in read_metrics(work)] == \
+           [(m["step"], m["loss"]) for m in read_metrics(tmp_path / "straight")]
+    assert result["final_loss"] == straight["final_loss"]
+
+
+def test_corrupt_checkpoint_is_skipped_for_the_previous_one(shards, tmp_path, caplog):
+    cfg = tiny_cfg(steps=9, checkpoint_every=3, keep_checkpoints=3)
+    run(cfg, shards[0], tmp_path)
+    root = tmp_path / "checkpoints"
+    assert complete_steps(root) == [3, 6, 9]
+    f = root / "step-0000009" / "optimizer.pt"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    (root / "step-0000006" / "meta.json").unlink()               # incomplete: no meta.json
+    with caplog.at_level(logging.WARNING, logger="mlm_core.train.checkpoint"):
+        res = run(cfg.model_copy(update={"steps": 10}), shards[0], tmp_path)
+    assert res["resumed_from"] == 3
+    msgs = " | ".join(r.getMessage() for r in caplog.records)
+    assert "step-0000009: optimizer.pt does not match its sha256 (corrupt)" in msgs
+    assert "step-0000006: no meta.json" in msgs
+
+
+def test_other_architecture_is_refused_by_field(shards, tmp_path):
+    from mlm_core.train.checkpoint import CheckpointMismatch
+    run(tiny_cfg(steps=3, checkpoint_every=3), shards[0], tmp_path)
+    with pytest.raises(CheckpointMismatch) as e:
+        run(tiny_cfg(steps=6, model={"hidden": 32, "layers": 2}), shards[0], tmp_path)
+    msg = str(e.value)
+    assert "hidden: checkpoint 64 vs config 32" in msg and "layers: checkpoint 1 vs config 2" in msg
+    assert "heads" not in msg and "vocab_size" not in msg
+    with pytest.raises(CheckpointMismatch, match=r"holds an MLM encoder model but the config trains an ELECTRA"):
+        run(tiny_cfg(steps=6, objective="electra"), shards[0], tmp_path)
+
+
+def test_checkpoint_files_hold_no_pickles(shards, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from mlm_core.train.checkpoint import plain
+    run(tiny_cfg(steps=2, checkpoint_every=2, objective="electra"), shards[0], tmp_path)
+    d = tmp_path / "checkpoints" / "step-0000002"
+    assert sorted(p.name for p in d.iterdir()) == ["meta.json", "model.safetensors", "optimizer.pt", "rng-rank0.json",
+                                                   "rng-rank0.pt", "sampler-rank0.json", "scheduler.json", "state.json"]
+    opt = torch.load(d / "optimizer.pt", weights_only=True)
+    assert opt["state"] and {"lr", "betas", "weight_decay"} <= set(opt["param_groups"][0])
+    rng = torch.load(d / "rng-rank0.pt", weights_only=True)
+    assert {"torch_cpu", "gen_mask"} <= set(rng)
+    meta = json.loads((d / "meta.json").read_text())
+    assert set(meta["files"]) == {p.name for p in d.iterdir()} - {"meta.json"}
+    assert meta["step"] == 2 and meta["tokens"] == 2 * 4 * 32 and meta["arch"]["generator"]["hidden"] < 64
+    assert "gen.tok_emb.0.weight" in meta["aliases"] or any("tok_emb" in a for a in meta["aliases"])
+    assert len(load_file(str(d / "model.safetensors"))) > 10
+    with pytest.raises(TypeError, match="cannot store object"):
+        plain({"a": [object()]})
