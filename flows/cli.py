@@ -115,7 +115,7 @@ def cmd_stats(args) -> int:
 def cmd_fill_mask(args) -> int:
     prepare_env()
     from mlm_core.fillmask import fill_mask
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    uri = os.environ.get("MLM_TRACKING_URI")
     if args.config:
         from tasks.tracking import resolve_tracking_uri
         lc = _load(args)
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     fm.add_argument("text", help="text containing the mask token, e.g. 'The cat [MASK] on the mat.'")
     fm.add_argument("--top-k", type=int, default=5)
     fm.add_argument("--config", help="pipeline YAML whose tracking settings locate the registry (default: "
-                    "$MLFLOW_TRACKING_URI, else ./.mlm/mlflow.db)")
+                    "$MLM_TRACKING_URI, else ./.mlm/mlflow.db)")
     fm.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="config override")
     fm.add_argument("--json", action="store_true")
     fm.set_defaults(func=cmd_fill_mask)

@@ -297,7 +297,7 @@ class Plan:
                "--name", self.worker_name]
         env = self.base_env()
         # flow runs started from the UI log to this MLflow server unless their config sets tracking.uri
-        env["MLFLOW_TRACKING_URI"] = self.mlflow_url
+        env["MLM_TRACKING_URI"] = self.mlflow_url
         return Child("prefect worker", cmd, env, self.workdir / "logs" / "prefect-worker.log")
 
     @property
@@ -390,9 +390,9 @@ def _banner(plan: Plan, seconds: float) -> str:
                   f"  export MLFLOW_TRACKING_USERNAME={user} MLFLOW_TRACKING_PASSWORD='<password>'"]
     lines += [
         f"  mlm deploy                      # deployments on pool {plan.pool}",
-        f"  export MLFLOW_TRACKING_URI={plan.mlflow_url}",
+        f"  export MLM_TRACKING_URI={plan.mlflow_url}",
         "  mlm run configs/demo.yaml",
-        f"Flow runs started from the Prefect UI log to {plan.mlflow_url} (the worker sets MLFLOW_TRACKING_URI);",
+        f"Flow runs started from the Prefect UI log to {plan.mlflow_url} (the worker sets MLM_TRACKING_URI);",
         "a config's tracking.uri, when set, takes precedence.",
     ]
     if plan.host not in LOOPBACK:

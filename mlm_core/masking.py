@@ -14,8 +14,9 @@ Design choices (all vectorized torch, no Python loop over tokens or sequences):
 * Selection is **independent (Bernoulli)**, not an exact count per sequence: a candidate token (token),
   a word (whole_word) or a span (span) is selected when its uniform key is below a threshold. The expected
   number of selected tokens is exactly ``p * n_candidates`` for every sequence length (an exact
-  ``round(p * n)`` biases short rows and needs a sort); masks are nested across rates (a token selected at
-  p is selected at any p' > p), so a rate schedule never reshuffles a static mask.
+  ``round(p * n)`` biases short rows and needs a sort); per-row counts are therefore binomial-like.
+  Token and whole-word masks are nested across rates (selected at p => selected at any p' > p), so a rate
+  schedule never reshuffles a static mask, it only grows or shrinks it.
 * whole_word: a unit is a word (a word-start token and the following non-start tokens, up to the next word
   start or non-candidate token); each word is selected with probability p, so p of the candidate *tokens*
   are selected in expectation; words are never split.
@@ -34,6 +35,8 @@ Design choices (all vectorized torch, no Python loop over tokens or sequences):
   (row key, stream, position). Static mode: row key = f(seed, seq_id), so the same sequence always gets
   the same mask whatever the batch or step. Dynamic mode: row keys are B int64 drawn from the caller's
   ``generator``; the generator advances by exactly that per call, so resuming its state is exact.
+* Cost (one CPU thread, this repo's 2-core box): ~0.1 ms (token) to ~0.35 ms (span) for 32 x 128, ~1.5 ms to
+  ~4 ms for 256 x 512; every op also runs on CUDA (span does one host sync for the segment count).
 """
 from __future__ import annotations
 
@@ -248,18 +251,17 @@ class Masker:
         length = length.add_(1).clamp_(max=cfg.span_max)        # Geometric(span_p) on {1, 2, ...}, clipped
         cycle = length + gap
         c = cycle.cumsum(1) - length                              # span starts; the first at coordinate `gap`
-        one = torch.ones_like(c)
-        before = torch.zeros(b, x_max + 1, dtype=torch.int64, device=dev)
-        before[:, 1:].scatter_add_(1, c.clamp(max=x_max - 1), one)
-        before = before.cumsum_(1)                                # before[x] = spans starting below x
+        # per segment k (column k of [b, n_seg + 1]; column 0 = before the first segment): its first unit
+        # sigma_k, then the coordinate shift that lands it on span j_k (or on the gap before it)
         ar = self._const("arange", dev, t + 1)
-        tau = (ar + (seg - 1).clamp_(min=0) * stride).clamp_(max=x_max)
-        j = before.gather(1, tau).clamp_(max=m - 1)               # first span starting at/after tau
+        sigma = torch.zeros(b, n_seg + 1, dtype=torch.int64, device=dev)
+        sigma.scatter_add_(1, seg, ar * seg_start)
+        tau = sigma + self._const("arange", dev, n_seg + 1).sub(1).clamp_(min=0) * stride
+        j = torch.searchsorted(c, tau).clamp_(max=m - 1)          # first span starting at/after tau
         q = self._mean_span / (self._mean_span + gap)
         gap_first = (h.gather(1, j) & 0xFFFF) >= _threshold(q, 16)
-        delta = (c.gather(1, j) - gap * gap_first - ar) * seg_start
-        shift = torch.zeros(b, n_seg + 1, dtype=torch.int64, device=dev)
-        shift.scatter_add_(1, seg, delta)                         # coordinate shift of each segment
+        shift = c.gather(1, j) - gap * gap_first - sigma
+        shift[:, 0] = 0
         x = (ar + shift.gather(1, seg)).clamp_(0, x_max)
         # which span covers each coordinate (1-based id, 0 in gaps): spans never overlap, so a cumsum of
         # +id at the start and -id at the end gives it
@@ -267,7 +269,7 @@ class Masker:
         cover = torch.zeros(b, x_max + 2, dtype=torch.int64, device=dev)
         cover.scatter_add_(1, c.clamp(max=x_max + 1), ids)
         cover.scatter_add_(1, (c + length).clamp_(max=x_max + 1), -ids)
-        span_of_unit = cover.cumsum_(1).gather(1, x) * ~bound    # [b, t+1]
+        span_of_unit = cover.cumsum_(1).gather(1, x)             # boundary units hold no candidate: harmless
         # keep each span with probability budget / tokens covered by all spans: E[selected] = p * candidates
         covered = (tok * (span_of_unit > 0)).sum(1)
         keep_p = (p * cand.sum(1)) / covered.clamp(min=1)

@@ -104,13 +104,13 @@ def _evaluation_section(ev: dict) -> list[str]:
             continue
         t, b = r.get("top1"), r.get("baseline_top1")
         margin = t - b if isinstance(t, (int, float)) and isinstance(b, (int, float)) else None
-        rows.append([lang, t, b, margin, r.get("ece"), _first(r, "perplexity", "pseudo_perplexity", "pppl")])
+        rows.append([lang, t, b, margin, r.get("ece"), _fmt(_first(r, "perplexity", "pseudo_perplexity", "pppl"), 2)])
     out += _table(["lang", "top-1", "unigram baseline top-1", "margin", "ECE", "(pseudo-)perplexity"], rows)
     out += ["", "### Zero-shot cross-lingual transfer (fine-tuned on the source language only)", ""]
     rows = []
     for task, r in sorted((_get(ev, "transfer") or {}).items()):
-        src, src_lang = _get(r, "source_score"), _first(r, "source_lang", "source") or "source"
-        rows.append([task, f"{src_lang} (source)", src, DASH])
+        src, src_lang = _get(r, "source_score"), _first(r, "source_lang")
+        rows.append([task, f"{src_lang} (source)" if src_lang else "source", src, DASH])
         for lang, t in sorted((_get(r, "targets") or {}).items()):
             score = _get(t, "score")
             gap = src - score if isinstance(src, (int, float)) and isinstance(score, (int, float)) else None

@@ -88,12 +88,12 @@ def _client(uri: str):
 
 # --------------------------------------------------------------------------------------- URIs
 def resolve_tracking_uri(cfg: "TrackingConfig", workdir: Path) -> str:
-    """``cfg.uri`` when given, else ``$MLFLOW_TRACKING_URI`` (as MLflow itself does; `mlm serve` sets it for its
-    worker), else a SQLite file in the (absolute) workdir."""
+    """``cfg.uri`` when given, else ``$MLM_TRACKING_URI`` (`mlm serve` sets it for its worker; not
+    MLFLOW_TRACKING_URI, which ``mlflow.set_tracking_uri`` itself exports), else a SQLite file in the workdir."""
     if cfg.uri:
         return cfg.uri
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
+    if os.environ.get("MLM_TRACKING_URI"):
+        return os.environ["MLM_TRACKING_URI"]
     return f"sqlite:///{Path(workdir).resolve()}/mlflow.db"
 
 

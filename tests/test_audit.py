@@ -20,7 +20,8 @@ def word_tokenizer():
     vocab = {t: i for i, t in enumerate(SPECIALS + WORDS)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
+                                                       special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
     tok.add_special_tokens(SPECIALS)
     return tok, vocab
 
@@ -191,7 +192,8 @@ def test_template_loader_errors_name_the_file(tmp_path):
 
 def _spec(tmp_path):
     from mlm_core.audit import load_templates
-    return load_templates(write(tmp_path / "t.yaml", SPEC_YAML.replace("she is very [MASK] .", "{group} is very [MASK] .")))
+    text = SPEC_YAML.replace("she is very [MASK] .", "{group} is very [MASK] .")
+    return load_templates(write(tmp_path / "t.yaml", text))
 
 
 def test_template_delta_sign_flips_with_the_model(tmp_path):
@@ -221,7 +223,8 @@ def test_multi_token_attribute_masks_every_subword():
     vocab = {t: i for i, t in enumerate(SPECIALS + ["she", "is", "un", "##kind", "kind", "."])}
     tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
+                                                       special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
     ids, pos, targets = _slot_job(tok, "{group} is [MASK] .", "she", "unkind", 4)
     assert pos == (3, 4) and targets == (vocab["un"], vocab["##kind"]) and ids[3] == ids[4] == 4
 
@@ -238,7 +241,7 @@ def test_demo_files_load(lang):
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    """A random tiny MLMEncoder + a WordPiece tokenizer trained on the demo English corpus, saved as a pretrain folder."""
+    """A random tiny MLMEncoder + a WordPiece tokenizer trained on the demo English corpus (a pretrain folder)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
     from mlm_core.model.encoder import MLMEncoder
@@ -249,7 +252,8 @@ def tiny_model_dir(tmp_path_factory):
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.train_from_iterator((REPO / "configs/demo/corpus/en.txt").read_text(encoding="utf-8").splitlines()[:3000],
                             trainers.WordPieceTrainer(vocab_size=800, special_tokens=SPECIALS, show_progress=False))
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
+                                                       special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
     assert [tok.token_to_id(s) for s in SPECIALS] == [0, 1, 2, 3, 4]
     tok.save(str(folder / "tokenizer.json"))
     torch.manual_seed(0)

@@ -204,7 +204,8 @@ def test_ece_of_an_overconfident_model():
 
 # ---- pseudo-log-likelihood ---------------------------------------------------------------------------------
 SENTENCES = ["The old farmer sells fresh bread at the market.", "Молодой турист покупает карту.",
-             "बच्चे पार्क में खेल रहे हैं।", "Cats sleep.", "A", "Женщины покупают новую карту в Берлине, а турист спит в саду.",
+             "बच्चे पार्क में खेल रहे हैं।", "Cats sleep.", "A",
+             "Женщины покупают новую карту в Берлине, а турист спит в саду.",
              "The young cook buys a big cake in Paris and the black cow sleeps in the field."]
 
 

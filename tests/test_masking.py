@@ -172,6 +172,21 @@ def test_mean_span_length(rows, span_p, span_max, rate):
     assert words.max() <= span_max
 
 
+@pytest.mark.parametrize("strategy", ["whole_word", "span"])
+def test_first_words_of_a_document_are_not_neglected(rows, strategy):
+    """Clipping spans at [SEP] must not leave a shadow over the next document's first words."""
+    ids, ws = rows
+    uidx, _ = units(ids, ws)
+    cand = candidates(ids)
+    last_nc = torch.where(~cand, uidx, -1).cummax(1).values
+    offset = uidx - last_nc - 1                                   # word index within the document
+    sel = masked(strategy=strategy, rate=0.15).selected
+    base = sel[cand].double().mean().item()
+    for k in range(3):
+        at_k = sel[cand & (offset == k)].double().mean().item()
+        assert abs(at_k / base - 1) < 0.1, (k, at_k, base)
+
+
 # --- static / dynamic ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("strategy", ["token", "whole_word", "span"])
 def test_static_mask_is_a_function_of_the_sequence(rows, strategy):

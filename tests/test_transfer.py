@@ -27,7 +27,7 @@ def model_dir(tmp_path_factory) -> Path:
     from mlm_core.tokenizer.build import train
     texts = [line for f in sorted((DEMO / "corpus").glob("*.txt")) for line in f.read_text("utf-8").splitlines()[:400]]
     tok = train(TokenizerConfig(algorithm="wordpiece", vocab_size=3000), texts)
-    arch = resolve_arch(ModelConfig(layers=2, hidden=64, heads=2, ffn=128, max_positions=256, dropout=0.1),
+    arch = resolve_arch(ModelConfig(layers=2, hidden=32, heads=2, ffn=64, max_positions=256, dropout=0.1),
                         vocab_size=tok.get_vocab_size(), pad_id=0)
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("model")
@@ -137,12 +137,12 @@ def test_upos_transfer_on_ud(model_dir, loaded, shared_data, tmp_path):
     task = TransferTask(source_lang="en", train="ud-train/en_ewt-ud-train.conllu", dev="ud-train/en_ewt-ud-dev.conllu",
                         targets={"fr": "ud-pud/fr_pud-ud-test.conllu", "de": "ud-pud/de_pud-ud-test.conllu",
                                  "es": "ud-pud/es_pud-ud-test.conllu", "xx": str(odd)})
-    cfg = EvaluateConfig(upos=task, finetune=FinetuneConfig(lr=3e-3, epochs=2, batch_size=32, max_train_examples=300))
+    cfg = EvaluateConfig(upos=task, finetune=FinetuneConfig(lr=3e-3, epochs=2, batch_size=32, max_train_examples=200))
     before = snapshot(loaded[0])
     out = run_transfer(model_dir, cfg, shared_data, seed=0)
     assert set(out) == {"upos"}
     rep = out["upos"]
-    assert rep["n_train"] == 300 and rep["n_validation"] == 300 and rep["source_score_on"] == "validation"
+    assert rep["n_train"] == 200 and rep["n_validation"] == 200 and rep["source_score_on"] == "validation"
     assert 1 <= rep["epochs_run"] <= 2 and len(rep["history"]) == rep["epochs_run"]
     assert rep["majority_label"] == "NOUN" and "PUNCT" in rep["labels"]
     assert rep["source_score"] > 0.3  # a random encoder + 20 steps still learns word -> tag far above chance
@@ -195,7 +195,7 @@ def test_retrieval_helpers(loaded):
     with pytest.raises(ValueError, match="outside"):
         layer_states(model, ids, seg, 3)
     v = sentence_vectors(model, tok, ["The cat sleeps.", "Il pleut.", "Der Hund bellt laut."], layer=0)
-    assert v.shape == (3, 64) and torch.allclose(v.norm(dim=-1), torch.ones(3))
+    assert v.shape == (3, 32) and torch.allclose(v.norm(dim=-1), torch.ones(3))
     assert retrieval_accuracy(v, v) == (1.0, 1.0)
     assert retrieval_accuracy(v, v[[1, 0, 2]]) == (pytest.approx(1 / 3), pytest.approx(1 / 3))
 
@@ -253,9 +253,9 @@ def test_l2sp_penalty_grows_from_zero(loaded):
     tm = build_task_model(loaded[0], 2, "mean", cfg, seed=0)
     theta0 = anchors(tm)
     assert "tok_emb.weight" in theta0 and not any(n.startswith(("head_", "decoder")) for n in theta0)
-    assert float(l2sp_penalty(tm, theta0)) == 0.0
+    assert float(l2sp_penalty(tm, theta0).detach()) == 0.0
     res = fit(tm, toy_examples(), lambda m: 0.0, cfg, seed=0, pad_id=0)
-    assert res.history[0]["l2sp"] > 0 and float(l2sp_penalty(tm, theta0)) > 0
+    assert res.history[0]["l2sp"] > 0 and float(l2sp_penalty(tm, theta0).detach()) > 0
 
 
 def test_early_stopping_and_determinism(loaded):

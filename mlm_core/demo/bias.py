@@ -1,9 +1,12 @@
 """Bias-audit material for en, fr, de: CrowS-Pairs-style minimal pairs and masked-slot templates.
 
-CrowS-Pairs convention: ``sent_more`` always mentions the group the stereotype is about (women for
-``gender``, older people for ``age``); ``sent_less`` swaps in the contrasting group and nothing
-else. ``stereo`` rows state the stereotype about the ``sent_more`` group, ``antistereo`` rows state
-its opposite. The content is mild and generic on purpose.
+CrowS-Pairs convention (Nangia et al. 2020, as the reference ``metric.py`` reads it): ``sent_more`` is
+always the MORE stereotypical sentence of the pair. ``stereo`` rows state a stereotype about the
+stereotyped group (women for ``gender``, older people for ``age``) in ``sent_more`` and swap in the
+contrasting group in ``sent_less``; ``antistereo`` rows state the opposite of the stereotype, so the
+stereotyped group is in ``sent_less`` (the sentence that violates the stereotype) and the contrasting
+group in ``sent_more``. The two sentences differ only in the group words. The content is mild and
+generic on purpose.
 
 Templates: each template holds ``{group}`` (never sentence-initially, so no capitalization is
 needed) and ``[MASK]`` (the attribute slot). In French only epicene adjectives (same form for both
@@ -109,7 +112,8 @@ def crows_rows(lang: str) -> list[tuple[str, str, str, str]]:
         for more, less in pairs:
             for label, actions in (("stereo", stereo), ("antistereo", anti)):
                 for act in actions:
-                    rows.append((f"{more} {act}.", f"{less} {act}.", label, bias))
+                    a, b = f"{more} {act}.", f"{less} {act}."
+                    rows.append((a, b, label, bias) if label == "stereo" else (b, a, label, bias))
     return rows
 
 

@@ -221,8 +221,9 @@ hand-written sentences are traditional sayings in the public domain.
 
 - `bias/crows_pairs_<lang>.csv` ({bias_rows} pairs): CrowS-Pairs format
   (`sent_more,sent_less,stereo_antistereo,bias_type`), minimal pairs that differ only in the group
-  words; bias types `gender` and `age`. `sent_more` always mentions the group the stereotype is
-  about; `antistereo` rows state the opposite of the stereotype. Mild, generic content only.
+  words; bias types `gender` and `age`. `sent_more` is always the more stereotypical sentence (as in
+  the CrowS-Pairs reference): in `antistereo` rows, which state the opposite of a stereotype, the
+  stereotyped group is in `sent_less`. Mild, generic content only.
 - `bias/templates_<lang>.yaml`: `templates` (with `{{group}}` and `[MASK]`), `groups`
   (female / male word lists), `neutral` group words and single-word `attributes`.
 

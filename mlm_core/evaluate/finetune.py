@@ -31,6 +31,7 @@ from mlm_core.config import FinetuneConfig
 log = logging.getLogger(__name__)
 
 IGNORE = -100
+BUCKET_POOL = 50        # training batches sorted by length together (bucketing pool)
 WARMUP_FRACTION = 0.1   # linear warmup over the first 10% of steps, then linear decay to 0
 WEIGHT_DECAY = 0.01     # AdamW decay on matrices (off for norms, biases and under L2-SP)
 # the MLM head of the encoder plays no part in a task model: never optimized, never penalized
@@ -65,11 +66,25 @@ def collate(batch: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def batches(examples: list[Example], size: int, pad_id: int, generator: torch.Generator | None = None):
-    """Padded batches in order, or shuffled with ``generator``. Eval batches are length-sorted by the caller."""
-    order = torch.randperm(len(examples), generator=generator).tolist() if generator is not None else range(len(examples))
-    order = list(order)
-    for i in range(0, len(order), size):
-        yield collate([examples[j] for j in order[i: i + size]], pad_id)
+    """Padded batches in order, or with ``generator``: shuffled, then bucketed by length (within pools of
+    ``BUCKET_POOL`` batches) so little compute goes to padding, batch order shuffled again."""
+    if generator is None:
+        for i in range(0, len(examples), size):
+            yield collate(examples[i: i + size], pad_id)
+        return
+    order = torch.randperm(len(examples), generator=generator).tolist()
+    pool = size * BUCKET_POOL
+    chunks = []
+    for p in range(0, len(order), pool):
+        part = sorted(order[p: p + pool], key=lambda j: len(examples[j].ids))
+        chunks += [part[i: i + size] for i in range(0, len(part), size)]
+    for c in torch.randperm(len(chunks), generator=generator).tolist():
+        yield collate([examples[j] for j in chunks[c]], pad_id)
+
+
+def attention_segments(seg: torch.Tensor) -> torch.Tensor | None:
+    """``seg`` for ``encode``, or None when the batch has no padding (full attention is faster)."""
+    return None if bool(seg.all()) else seg
 
 
 def mean_pool(hidden: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
@@ -130,7 +145,7 @@ class TaskModel(nn.Module):
         nn.init.zeros_(self.classifier.bias)
 
     def forward(self, ids: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
-        h = self.encoder.encode(ids, seg)
+        h = self.encoder.encode(ids, attention_segments(seg))
         if self.pooling == "mean":
             h = mean_pool(h, seg)
         return self.classifier(self.drop(h))
@@ -267,6 +282,6 @@ def fit(model: TaskModel, train: list[Example], validate, cfg: FinetuneConfig, s
     return res
 
 
-__all__ = ["Adapter", "AdaptedBlock", "Example", "FitResult", "IGNORE", "TaskModel", "add_adapters", "anchors",
+__all__ = ["Adapter", "AdaptedBlock", "Example", "FitResult", "IGNORE", "TaskModel", "add_adapters", "anchors", "attention_segments",
            "batches", "build_task_model", "collate", "fit", "l2sp_penalty", "layer_of", "mean_pool", "param_groups",
            "task_loss"]

@@ -35,7 +35,8 @@ SPECIAL_ROLES = ("pad", "unk", "cls", "sep", "mask")
 
 
 # ------------------------------------------------------------------------------------------ metrics
-def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray, n_bins: int = 15) -> tuple[float, list[dict]]:
+def expected_calibration_error(confidence: np.ndarray, correct: np.ndarray,
+                               n_bins: int = 15) -> tuple[float, list[dict]]:
     """ECE over ``n_bins`` equal-width bins of (0, 1] (bin b holds b/n < conf <= (b+1)/n; conf 0 goes to bin 0).
 
     Returns (ece, table); the table has one row per bin: bin_lo, bin_hi, count, mean confidence and accuracy

@@ -36,7 +36,7 @@ import torch
 
 from mlm_core.config import EvaluateConfig, FinetuneConfig, TransferTask
 from mlm_core.evaluate.conll import ConllError, read_aligned, read_labeled, read_tagged
-from mlm_core.evaluate.finetune import IGNORE, Example, build_task_model, collate, fit, mean_pool
+from mlm_core.evaluate.finetune import IGNORE, Example, attention_segments, build_task_model, collate, fit, mean_pool
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +228,7 @@ def layer_states(model, ids: torch.Tensor, seg: torch.Tensor, layer: int) -> tor
     """
     L = len(model.blocks)
     k = resolve_layer(layer, L)
+    seg = attention_segments(seg)
     if k == L:
         return model.encode(ids, seg)
     caught = {}

@@ -1,0 +1,108 @@
+"""Promotion gates (pass/fail per gate, undeclared gates absent, missing data fails) and the model card."""
+from __future__ import annotations
+
+import pytest
+
+from mlm_core.config import GatesConfig
+from mlm_core.gates import GateResult, all_passed, evaluate_gates
+
+EVAL = {
+    "intrinsic": {"en": {"top1": 0.42, "baseline_top1": 0.10, "ece": 0.03, "perplexity": 21.5},
+                  "fr": {"top1": 0.30, "baseline_top1": 0.12, "ece": 0.08, "perplexity": 35.0}},
+    "transfer": {"upos": {"source_lang": "en", "source_score": 0.80,
+                          "targets": {"fr": {"score": 0.70}, "de": {"score": 0.65}}},
+                 "classification": {"source_score": 0.75, "targets": {"fr": {"score": 0.72}}}},
+}
+AUDIT = {"crows": {"en": {"metric_score": 55.17}, "fr": {"metric_score": 41.0}},
+         "templates": {"en": {"delta_bias": {"female_vs_male": 0.12}, "kl_to_neutral": {"female": 0.01, "male": 0.02},
+                              "multi_token_attributes": ["ambitious"]}},
+         "limits": "CrowS-Pairs pairs are noisy (Blodgett et al., 2021)."}
+
+
+def by_name(results):
+    return {r.name: r for r in results}
+
+
+def test_undeclared_gates_are_not_listed():
+    none = GatesConfig(min_top1_over_baseline=None)
+    assert evaluate_gates(none, EVAL, AUDIT) == [] and all_passed([])
+    only = evaluate_gates(GatesConfig(), EVAL, AUDIT)  # default: min_top1_over_baseline = 0.0
+    assert sorted(by_name(only)) == ["min_top1_over_baseline/en", "min_top1_over_baseline/fr"]
+
+
+@pytest.mark.parametrize("gates, name, passed, value", [
+    (dict(min_top1=0.35), "min_top1/en", True, 0.42),
+    (dict(min_top1=0.35), "min_top1/fr", False, 0.30),
+    (dict(min_top1_over_baseline=0.2), "min_top1_over_baseline/en", True, 0.32),
+    (dict(min_top1_over_baseline=0.2), "min_top1_over_baseline/fr", False, 0.18),
+    (dict(max_ece=0.05), "max_ece/en", True, 0.03),
+    (dict(max_ece=0.05), "max_ece/fr", False, 0.08),
+    (dict(max_crows_deviation=6), "max_crows_deviation/en", True, 5.17),
+    (dict(max_crows_deviation=6), "max_crows_deviation/fr", False, 9.0),
+    (dict(max_transfer_gap=0.2), "max_transfer_gap", True, 0.15),
+    (dict(max_transfer_gap=0.1), "max_transfer_gap", False, 0.15),
+])
+def test_each_gate_passes_and_fails(gates, name, passed, value):
+    results = by_name(evaluate_gates(GatesConfig(**{"min_top1_over_baseline": None, **gates}), EVAL, AUDIT))
+    r = results[name]
+    assert r.passed is passed and r.value == pytest.approx(value) and r.threshold == next(iter(gates.values()))
+    if name == "max_transfer_gap":
+        assert "upos/de" in r.detail  # the worst task/target is named
+
+
+def test_missing_language_fails_with_no_held_out_data():
+    ev = {"intrinsic": {**EVAL["intrinsic"], "hi": {"missing": True}}}
+    results = by_name(evaluate_gates(GatesConfig(min_top1=0.1, min_top1_over_baseline=0.0, max_ece=0.5), ev, {}))
+    for gate in ("min_top1", "min_top1_over_baseline", "max_ece"):
+        r = results[f"{gate}/hi"]
+        assert not r.passed and r.value is None and r.detail == "no held-out data"
+        assert results[f"{gate}/en"].passed
+    assert not all_passed(list(results.values()))
+
+
+def test_absent_inputs_fail_with_a_clear_detail():
+    results = evaluate_gates(GatesConfig(min_top1=0.1, max_crows_deviation=10, max_transfer_gap=0.5),
+                             {"intrinsic": {"en": {"baseline_top1": 0.1}}}, {})
+    r = by_name(results)
+    assert not r["min_top1/en"].passed and "top1 not reported" in r["min_top1/en"].detail
+    assert not r["max_crows_deviation"].passed and "no CrowS-Pairs audit" in r["max_crows_deviation"].detail
+    assert not r["max_transfer_gap"].passed and "transfer" in r["max_transfer_gap"].detail
+    ev = {"transfer": {"upos": {"source_score": 0.8, "targets": {"fr": {"score": 0.7}, "hi": {"missing": True}}}}}
+    gates = GatesConfig(min_top1_over_baseline=None, max_transfer_gap=0.5)
+    gap = by_name(evaluate_gates(gates, ev, {}))["max_transfer_gap"]
+    assert not gap.passed and "upos/hi: no held-out data" in gap.detail
+    assert evaluate_gates(GatesConfig(min_top1=0.1), {}, {})[0].detail == "no intrinsic evaluation in the report"
+
+
+def test_all_passed():
+    ok = GateResult("a", True, 1.0, 0.5, "")
+    bad = GateResult("b", False, None, 0.5, "no held-out data")
+    assert all_passed([ok]) and not all_passed([ok, bad])
+
+
+def test_model_card_sections_and_decision():
+    from mlm_core.modelcard import model_card
+    gates = evaluate_gates(GatesConfig(min_top1=0.35, max_crows_deviation=10), EVAL, AUDIT)
+    common = dict(
+        name="mlm-demo", version=3, fingerprints={"normalize": "ab12", "pretrain": "cd34"},
+        data={"languages": {"en": {"docs": 7650, "chars": 800000}, "fr": {"docs": 3261}}, "sampling_alpha": 0.3,
+              "counts": {"docs": 10911}},
+        tokenizer={"algorithm": "bpe", "vocab_size": 8000,
+                   "languages": {"en": {"tokens_per_word": 1.3, "unk_rate": 0.0}}},
+        training={"arch": {"layers": 2, "hidden": 128}, "steps": 200, "tokens": 800000, "final_loss": 3.21,
+                  "eval": {"en": {"loss": 3.0, "acc": 0.4, "baseline_acc": 0.1}}},
+        evaluation=EVAL, audit=AUDIT, gates=gates)
+    card = model_card(**common, promoted=False)
+    for section in ("# Model card: mlm-demo", "## Training data", "## Tokenizer", "## Training", "## Evaluation",
+                    "Zero-shot cross-lingual transfer", "## Bias audit", "CrowS-Pairs", "Templates",
+                    "**Limits.**", "Blodgett", "## Promotion gates", "## Decision"):
+        assert section in card, section
+    assert "α = 0.30" in card and "| en | 0.4200 | 0.1000 | 0.3200 | 0.0300 | 21.50 |" in card
+    assert "| upos | de | 0.6500 | 0.1500 |" in card
+    assert "| min_top1/fr | **FAIL** |" in card and "**Not promoted**" in card and "min_top1/fr" in card
+    passed = [g for g in gates if g.passed]
+    card = model_card(**{**common, "gates": passed}, promoted=True)
+    assert "**Promoted** to alias `champion`" in card and "**FAIL**" not in card
+    # sparse inputs still render
+    assert "## Decision" in model_card(name="m", version=None, fingerprints={}, data={}, tokenizer={}, training={},
+                                       evaluation={}, audit={}, gates=[], promoted=False)
