@@ -129,8 +129,9 @@ def bench_hf(arch, data, device, dtype, warmup, steps) -> float:
 
     from mlm_core.model.export import hf_config
     ids, _, labels, attn = data
-    model = BertForMaskedLM(BertConfig(**hf_config(arch)), attn_implementation="sdpa").to(device)
-    # ... keyword differs between versions; fall back to setting it on the config
+    config = BertConfig(**hf_config(arch), attn_implementation="sdpa")
+    model = BertForMaskedLM(config).to(device)
+    assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if device.type == "cuda" else {}))
     ac = torch.autocast("cuda", dtype=torch.bfloat16) if dtype == torch.bfloat16 else None

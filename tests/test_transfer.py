@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, write_lines
+from conftest import REPO, write_lines
 
 torch = pytest.importorskip("torch")
 
@@ -85,7 +85,8 @@ def test_multiword_tokens_split_into_syntactic_words(shared_data):
                 if "-" in r[0]:
                     lo, hi = map(int, r[0].split("-"))
                     n_ranges += 1
-                    assert sent.tokens[lo - 1: hi] == [x[1] for x in rows if x[0] in {str(i) for i in range(lo, hi + 1)}]
+                    parts = {str(i) for i in range(lo, hi + 1)}
+                    assert sent.tokens[lo - 1: hi] == [x[1] for x in rows if x[0] in parts]
         assert n_ranges > 100, lang
 
 
@@ -101,7 +102,8 @@ def test_conllu_edge_cases_and_errors(tmp_path):
     sents = read_conllu(ok)
     assert [s.tokens for s in sents] == [["À", "le", "revoir"], ["Hi"]]
     assert sents[0].id == "s1" and sents[0].text == "Au revoir" and sents[1].text == "Hi"
-    bad = write_lines(tmp_path / "bad.conllu", ["# sent_id = s1", row(["1", "a", "a", "DET", "_", "_", "0", "root", "_"])])
+    nine = row(["1", "a", "a", "DET", "_", "_", "0", "root", "_"])
+    bad = write_lines(tmp_path / "bad.conllu", ["# sent_id = s1", nine])
     with pytest.raises(ConllError, match=r"bad\.conllu:2: expected 10 tab-separated columns, got 9"):
         read_conllu(bad)
     bad_id = write_lines(tmp_path / "badid.conllu", ["", row(["x1", "a", "a", "DET", "_", "_", "0", "root", "_", "_"])])
@@ -123,7 +125,8 @@ def test_demo_and_labeled_readers(tmp_path):
     with pytest.raises(ConllError, match=r"bad\.tsv:2: expected 2 tab-separated columns"):
         read_labeled(write_lines(tmp_path / "bad.tsv", ["a\tb", "no label here"]))
     with pytest.raises(ConllError, match=r"bad\.jsonl:2: missing field"):
-        read_labeled(write_lines(tmp_path / "bad.jsonl", [json.dumps({"text": "a", "label": "x"}), json.dumps({"text": "b"})]))
+        read_labeled(write_lines(tmp_path / "bad.jsonl",
+                                 [json.dumps({"text": "a", "label": "x"}), json.dumps({"text": "b"})]))
     with pytest.raises(ConllError, match=r"bad2\.jsonl:1: invalid JSON"):
         read_labeled(write_lines(tmp_path / "bad2.jsonl", ["{oops"]))
 
@@ -132,8 +135,9 @@ def test_demo_and_labeled_readers(tmp_path):
 def test_upos_transfer_on_ud(model_dir, loaded, shared_data, tmp_path):
     from mlm_core.evaluate.conll import read_conllu as rc
     from mlm_core.evaluate.transfer import run_transfer
-    odd = write_lines(tmp_path / "odd.conllu", ["\t".join(["1", "Zorp", "zorp", "ZZZ", "_", "_", "0", "root", "_", "_"]),
-                                               "\t".join(["2", "the", "the", "DET", "_", "_", "1", "det", "_", "_"]), ""])
+    odd = write_lines(tmp_path / "odd.conllu", [  # a target with a tag the source never has
+        "\t".join(["1", "Zorp", "zorp", "ZZZ", "_", "_", "0", "root", "_", "_"]),
+        "\t".join(["2", "the", "the", "DET", "_", "_", "1", "det", "_", "_"]), ""])
     task = TransferTask(source_lang="en", train="ud-train/en_ewt-ud-train.conllu", dev="ud-train/en_ewt-ud-dev.conllu",
                         targets={"fr": "ud-pud/fr_pud-ud-test.conllu", "de": "ud-pud/de_pud-ud-test.conllu",
                                  "es": "ud-pud/es_pud-ud-test.conllu", "xx": str(odd)})
@@ -162,7 +166,8 @@ def test_classification_and_retrieval_on_demo(model_dir):
     from mlm_core.evaluate.transfer import run_transfer
     cfg = EvaluateConfig(
         classification=TransferTask(source_lang="en", train="parallel.jsonl",
-                                    targets={"en": "parallel.jsonl", "fr": "parallel.jsonl", "de": "parallel.jsonl#lang=de"}),
+                                    targets={"en": "parallel.jsonl", "fr": "parallel.jsonl",
+                                             "de": "parallel.jsonl#lang=de"}),
         upos=TransferTask(source_lang="en", train="parallel.jsonl", targets={"ru": "parallel.jsonl"}),
         retrieval={"en": "parallel.jsonl", "fr": "parallel.jsonl", "zh": "parallel.jsonl"}, retrieval_layer=1,
         finetune=FinetuneConfig(lr=3e-3, epochs=2, batch_size=32, max_train_examples=200))

@@ -85,7 +85,8 @@ def read_conllu(path: str | Path) -> list[Sentence]:
                 continue
             cols = line.split("\t")
             if len(cols) != N_COLUMNS:
-                raise ConllError(f"{path}:{lineno}: expected {N_COLUMNS} tab-separated columns, got {len(cols)}: {line[:80]!r}")
+                raise ConllError(f"{path}:{lineno}: expected {N_COLUMNS} tab-separated columns, "
+                                 f"got {len(cols)}: {line[:80]!r}")
             wid = cols[0]
             if "-" in wid:  # multiword token: the syntactic words follow on their own lines
                 lo, _, hi = wid.partition("-")

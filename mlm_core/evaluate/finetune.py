@@ -282,6 +282,7 @@ def fit(model: TaskModel, train: list[Example], validate, cfg: FinetuneConfig, s
     return res
 
 
-__all__ = ["Adapter", "AdaptedBlock", "Example", "FitResult", "IGNORE", "TaskModel", "add_adapters", "anchors", "attention_segments",
+__all__ = ["Adapter", "AdaptedBlock", "Example", "FitResult", "IGNORE", "TaskModel", "add_adapters", "anchors",
+           "attention_segments",
            "batches", "build_task_model", "collate", "fit", "l2sp_penalty", "layer_of", "mean_pool", "param_groups",
            "task_loss"]

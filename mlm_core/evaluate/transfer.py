@@ -101,23 +101,26 @@ def accuracy(pred: list[str | None], gold: list[str]) -> float:
 def target_report(pred: list[str | None], gold: list[str], source_labels: set[str], majority: str) -> dict:
     """score, majority baseline, n, unseen labels (gold labels absent from the source training data)."""
     unseen = Counter(g for g in gold if g not in source_labels)
-    return {"score": round(accuracy(pred, gold), 5), "majority_baseline": round(accuracy([majority] * len(gold), gold), 5),
-            "n": len(gold), "unseen_labels": {"count": sum(unseen.values()), "labels": sorted(unseen)}}
+    return {"score": round(accuracy(pred, gold), 5),
+            "majority_baseline": round(accuracy([majority] * len(gold), gold), 5), "n": len(gold), "unseen_labels": {"count": sum(unseen.values()), "labels": sorted(unseen)}}
 
 
 def finish_report(kind: str, task: TransferTask, res, targets: dict[str, dict], labels: list[str], majority: str,
-                  n_train: int, n_val: int) -> dict:
+                  n_train: int, n_val: int, val_gold: list[str]) -> dict:
     """Add source score and gap to each target; assemble the task's report."""
     if task.source_lang in targets:
-        source_score, source_on = targets[task.source_lang]["score"], "test"
+        src = targets[task.source_lang]
+        source_score, source_on, source_majority = src["score"], "test", src["majority_baseline"]
     else:
         source_score, source_on = round(res.best_score, 5), "validation"
+        source_majority = round(accuracy([majority] * len(val_gold), val_gold), 5)
     for t in targets.values():
         t["source_score"] = source_score
         t["gap"] = round(t["score"] - source_score, 5)
     return {"task": kind, "metric": "accuracy", "source_lang": task.source_lang, "source_score": source_score,
-            "source_score_on": source_on, "validation_score": round(res.best_score, 5), "n_train": n_train,
-            "n_validation": n_val, "labels": labels, "majority_label": majority, "best_epoch": res.best_epoch,
+            "source_score_on": source_on, "source_majority_baseline": source_majority,
+            "validation_score": round(res.best_score, 5), "n_train": n_train, "n_validation": n_val,
+            "labels": labels, "majority_label": majority, "best_epoch": res.best_epoch,
             "epochs_run": len(res.history), "stopped_early": res.stopped_early, "steps": res.steps,
             "history": res.history, "targets": targets}
 
@@ -172,7 +175,7 @@ def run_upos(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path,
         targets[lang] = target_report(pred, gold, set(labels), majority)
         targets[lang]["uncovered_words"] = sum(p < 0 for _, first in enc for p in first)
         targets[lang]["sentences"] = len(sents)
-    return finish_report("upos", task, res, targets, labels, majority, len(train), len(val))
+    return finish_report("upos", task, res, targets, labels, majority, len(train), len(val), val_gold)
 
 
 # ---- sentence classification ----------------------------------------------------------------------
@@ -198,7 +201,8 @@ def run_classification(model, tok, task: TransferTask, ft: FinetuneConfig, base_
     labels = sorted(counts)
     label_id = {t: i for i, t in enumerate(labels)}
     majority = min(counts, key=lambda t: (-counts[t], t))
-    train_ex = [Example(ids, label_id[lab]) for ids, (_, lab) in zip(encode_texts(tok, [t for t, _ in train], L), train)]
+    train_ids = encode_texts(tok, [t for t, _ in train], L)
+    train_ex = [Example(ids, label_id[lab]) for ids, (_, lab) in zip(train_ids, train)]
     val_ids, val_gold = encode_texts(tok, [t for t, _ in val], L), [lab for _, lab in val]
     clf = build_task_model(model, len(labels), "mean", ft, seed)
     res = fit(clf, train_ex, lambda m: accuracy(predict_classes(m, val_ids, labels, pad), val_gold), ft, seed, pad)
@@ -207,7 +211,7 @@ def run_classification(model, tok, task: TransferTask, ft: FinetuneConfig, base_
         data = read_labeled(base_dir / path, lang)
         pred = predict_classes(clf, encode_texts(tok, [t for t, _ in data], L), labels, pad)
         targets[lang] = target_report(pred, [lab for _, lab in data], set(labels), majority)
-    return finish_report("classification", task, res, targets, labels, majority, len(train), len(val))
+    return finish_report("classification", task, res, targets, labels, majority, len(train), len(val), val_gold)
 
 
 # ---- retrieval -------------------------------------------------------------------------------------
@@ -215,7 +219,8 @@ def resolve_layer(layer: int, n_layers: int) -> int:
     """-1 -> L (last); k in 0..L kept; anything else is an error."""
     k = layer if layer >= 0 else n_layers + 1 + layer
     if not 0 <= k <= n_layers:
-        raise ValueError(f"retrieval_layer {layer} is outside the model's layers (0..{n_layers}, or -1..-{n_layers + 1})")
+        raise ValueError(f"retrieval_layer {layer} is outside the model's layers "
+                         f"(0..{n_layers}, or -1..-{n_layers + 1})")
     return k
 
 
@@ -275,7 +280,8 @@ def run_retrieval(model, tok, files: dict[str, str], layer: int, base_dir: Path)
     for lang in langs[1:]:
         ids = [i for i, t in texts[pivot].items() if t.strip() and texts[lang].get(i, "").strip()]
         if len(ids) < 2:
-            raise ConllError(f"retrieval {pivot}-{lang}: {len(ids)} aligned sentence(s) ({files[pivot]}, {files[lang]})")
+            raise ConllError(f"retrieval {pivot}-{lang}: {len(ids)} aligned sentence(s) "
+                             f"({files[pivot]}, {files[lang]})")
         src = sentence_vectors(model, tok, [texts[pivot][i] for i in ids], k)
         tgt = sentence_vectors(model, tok, [texts[lang][i] for i in ids], k)
         fwd, bwd = retrieval_accuracy(src, tgt)
