@@ -84,6 +84,13 @@ def test_partitions_of_a_large_file_keep_line_numbers(tmp_path):
     assert [(r["line"], r["reason"]) for r in q] == [(45_001, "too_short")]
     assert art.manifest["languages"]["en"]["docs"] == 59_999
     check_invariant(art)
+    # the contract's sample: bounded, made of kept documents, spread over the whole corpus
+    sample = pq.read_table(art.path / "docs_sample.parquet").to_pylist()
+    assert len(sample) == 10_000 and len({d["doc_id"] for d in sample}) == 10_000
+    kept = {d["doc_id"]: d["text"] for d in docs(art, "en")}
+    assert all(kept[d["doc_id"]] == d["text"] for d in sample)
+    late = sum(int(d["text"].split()[2]) >= 30_000 for d in sample)
+    assert 4_500 < late < 5_500
 
 
 def test_bom_crlf_nul_zero_width_and_nfc(tmp_path):

@@ -102,7 +102,8 @@ def target_report(pred: list[str | None], gold: list[str], source_labels: set[st
     """score, majority baseline, n, unseen labels (gold labels absent from the source training data)."""
     unseen = Counter(g for g in gold if g not in source_labels)
     return {"score": round(accuracy(pred, gold), 5),
-            "majority_baseline": round(accuracy([majority] * len(gold), gold), 5), "n": len(gold), "unseen_labels": {"count": sum(unseen.values()), "labels": sorted(unseen)}}
+            "majority_baseline": round(accuracy([majority] * len(gold), gold), 5), "n": len(gold),
+            "unseen_labels": {"count": sum(unseen.values()), "labels": sorted(unseen)}}
 
 
 def finish_report(kind: str, task: TransferTask, res, targets: dict[str, dict], labels: list[str], majority: str,

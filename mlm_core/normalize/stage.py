@@ -5,6 +5,8 @@ In: ``sources`` and ``normalize`` config sections. Out (under the stage folder):
   quarantine.parquet    lang, source, line, reason, detail       (line: 1-based line, or 0-based row for Parquet/datasets)
   stats.parquet         per language: records, docs, chars, bytes, duplicates, quarantined, blank_lines
   quarantine_stats.parquet  per language and reason: n
+  docs_sample.parquet   a uniform random sample (bottom-k by a hash of doc_id) of <= 10,000 kept documents,
+                        drawn while writing, so validating a 1 GB corpus reads a 10k-row file
 Invariant (checked): records = docs + quarantined + duplicates, per language.
 
 Three passes, each streaming: (1) partitions are cleaned in parallel processes, each writing one
@@ -34,6 +36,7 @@ from mlm_core.normalize.text import clean, filter_reasons, is_blank
 
 log = logging.getLogger(__name__)
 ROW_BITS = 32
+SAMPLE_ROWS = 10_000   # docs_sample.parquet: a uniform sample of kept documents, for the data contract
 
 DOC_SCHEMA = pa.schema([("doc_id", pa.int64()), ("lang", pa.string()), ("text", pa.string()),
                         ("n_chars", pa.int32()), ("hash", pa.string())])
@@ -211,8 +214,39 @@ def _find_duplicates(con, parts_dir: Path) -> dict[int, np.ndarray]:
     return {int(p): np.sort(ids[parts == p]) for p in np.unique(parts)}
 
 
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer: a uniform-looking 64-bit key per doc_id (for an unbiased bottom-k sample)."""
+    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+class _BottomK:
+    """A uniform sample of at most k rows of a stream: the k rows with the smallest hash keys (bottom-k)."""
+
+    def __init__(self, k: int):
+        self.k, self.keys, self.tables = k, np.empty(0, np.uint64), []
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        keys = _mix64(batch.column("doc_id").to_numpy())
+        if len(self.keys) >= self.k and keys.min() >= self.keys.max():
+            return
+        tbl = pa.Table.from_batches([batch])
+        allk = np.concatenate([self.keys, keys])
+        merged = pa.concat_tables(self.tables + [tbl]) if self.tables else tbl
+        if len(allk) > self.k:
+            keep = np.sort(np.argpartition(allk, self.k - 1)[: self.k])
+            allk, merged = allk[keep], merged.take(pa.array(keep))
+        self.keys, self.tables = allk, [merged.combine_chunks()]
+
+    def table(self) -> pa.Table:
+        return self.tables[0] if self.tables else DOC_SCHEMA.empty_table()
+
+
 def _write_docs(parts, parts_dir: Path, docs_dir: Path, dups: dict, languages: list[str]) -> dict:
     stats = {}
+    sample = _BottomK(SAMPLE_ROWS)
     for lang in languages:
         writer = pq.ParquetWriter(docs_dir / f"{lang}.parquet", DOC_SCHEMA, compression="zstd")
         docs = chars = nbytes = ndup = 0
@@ -229,11 +263,13 @@ def _write_docs(parts, parts_dir: Path, docs_dir: Path, dups: dict, languages: l
                 if not batch.num_rows:
                     continue
                 writer.write_batch(batch)
+                sample.add(batch)
                 docs += batch.num_rows
                 chars += int(pa.compute.sum(batch.column("n_chars")).as_py() or 0)
                 nbytes += int(pa.compute.sum(pa.compute.binary_length(batch.column("text"))).as_py() or 0)
         writer.close()
         stats[lang] = {"docs": docs, "chars": chars, "bytes": nbytes, "duplicates": ndup}
+    pq.write_table(sample.table(), docs_dir.parent / "docs_sample.parquet")
     return stats
 
 
