@@ -153,11 +153,12 @@ class TaskModel(nn.Module):
 
 def build_task_model(encoder: nn.Module, n_labels: int, pooling: str, cfg: FinetuneConfig, seed: int) -> TaskModel:
     """A deep copy of ``encoder`` (adapters added when ``cfg.adapters``) under a freshly seeded head."""
-    torch.manual_seed(seed)
-    enc = copy.deepcopy(encoder)
-    if cfg.adapters:
-        add_adapters(enc, cfg.adapter_dim)
-    return TaskModel(enc, n_labels, pooling)
+    with torch.random.fork_rng(devices=[]):  # seeded without disturbing the caller's global RNG
+        torch.manual_seed(seed)
+        enc = copy.deepcopy(encoder)
+        if cfg.adapters:
+            add_adapters(enc, cfg.adapter_dim)
+        return TaskModel(enc, n_labels, pooling)
 
 
 # ---- optimizer: layer-wise LR decay ---------------------------------------------------------------
@@ -235,8 +236,14 @@ def task_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def fit(model: TaskModel, train: list[Example], validate, cfg: FinetuneConfig, seed: int, pad_id: int) -> FitResult:
     """Train ``model`` in place for up to ``cfg.epochs``; ``validate(model) -> score`` (higher is better)
-    after each epoch; stop after ``cfg.patience`` epochs without a strictly better score; restore the best."""
-    torch.manual_seed(seed)
+    after each epoch; stop after ``cfg.patience`` epochs without a strictly better score; restore the best.
+    Dropout is seeded inside an RNG fork, so the caller's global RNG state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _fit(model, train, validate, cfg, seed, pad_id)
+
+
+def _fit(model: TaskModel, train: list[Example], validate, cfg: FinetuneConfig, seed: int, pad_id: int) -> FitResult:
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(param_groups(model, cfg), betas=(0.9, 0.999), eps=1e-8)
     steps_per_epoch = max(1, math.ceil(len(train) / cfg.batch_size))
@@ -283,6 +290,5 @@ def fit(model: TaskModel, train: list[Example], validate, cfg: FinetuneConfig, s
 
 
 __all__ = ["Adapter", "AdaptedBlock", "Example", "FitResult", "IGNORE", "TaskModel", "add_adapters", "anchors",
-           "attention_segments",
-           "batches", "build_task_model", "collate", "fit", "l2sp_penalty", "layer_of", "mean_pool", "param_groups",
+           "attention_segments", "batches", "build_task_model", "collate", "fit", "l2sp_penalty", "layer_of", "mean_pool", "param_groups",
            "task_loss"]

@@ -304,6 +304,10 @@ def run_transfer(model_dir: Path, cfg: EvaluateConfig, base_dir: Path, seed: int
         out["classification"] = run_classification(model, tok, cfg.classification, cfg.finetune, base_dir, seed)
     if cfg.retrieval:
         out["retrieval"] = run_retrieval(model, tok, cfg.retrieval, cfg.retrieval_layer, base_dir)
+    for kind in ("upos", "classification"):
+        for lang, t in out.get(kind, {}).get("targets", {}).items():
+            log.info("%s %s: %.4f (source %.4f, gap %+.4f, majority %.4f)", kind, lang, t["score"], t["source_score"],
+                     t["gap"], t["majority_baseline"])
     return out
 
 

@@ -36,6 +36,7 @@ from mlm_core.normalize.text import clean, filter_reasons, is_blank
 
 log = logging.getLogger(__name__)
 ROW_BITS = 32
+PARALLEL_MIN_BYTES = 16 * 2**20   # less input than this per worker: process partitions in-process
 SAMPLE_ROWS = 10_000   # docs_sample.parquet: a uniform sample of kept documents, for the data contract
 
 DOC_SCHEMA = pa.schema([("doc_id", pa.int64()), ("lang", pa.string()), ("text", pa.string()),
@@ -133,7 +134,10 @@ def input_fingerprint(lc) -> list:
 
 def _run_partitions(parts: list[Partition], cfg, lc, parts_dir: Path) -> list[dict]:
     args = [(p, cfg.model_dump(), lc.config.scripts_for(p.lang), str(parts_dir)) for p in parts]
-    workers = min(cfg.workers, len(parts))
+    # a worker process costs ~1 s to start (imports): only worth it for inputs of tens of MB
+    total = sum(max(p.end - p.start, 0) if p.fmt in ("text", "jsonl") and p.end >= 0 else PARALLEL_MIN_BYTES
+                for p in parts)
+    workers = min(cfg.workers, len(parts), max(1, total // PARALLEL_MIN_BYTES))
     if workers <= 1:
         return [_process_partition(*a) for a in args]
     ctx = mp.get_context("forkserver")
