@@ -112,17 +112,73 @@ def cmd_stats(args) -> int:
     return 0
 
 
-def cmd_fill_mask(args) -> int:
+def _model_folder(args, lc=None) -> Path:
+    """A local folder for MODEL: a folder as is, or a registry URI resolved with the config's tracking settings."""
     prepare_env()
-    from mlm_core.fillmask import fill_mask
     uri = os.environ.get("MLM_TRACKING_URI")
-    if args.config:
+    if lc is not None:
         from tasks.tracking import resolve_tracking_uri
-        lc = _load(args)
         uri = resolve_tracking_uri(lc.config.tracking, lc.workdir)
     uri = uri or f"sqlite:///{Path('.mlm').resolve()}/mlflow.db"
     from tasks.registry import resolve_model
-    folder = resolve_model(args.model, uri)
+    return resolve_model(args.model, uri)
+
+
+def _print_rows(rows: list[dict]) -> None:
+    if not rows:
+        print("  (none)")
+        return
+    cols = list(rows[0])
+    fmt = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)  # noqa: E731
+    widths = [max(len(c), *(len(fmt(r.get(c))) for r in rows)) for c in cols]
+    print("  " + "  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for r in rows:
+        print("  " + "  ".join(fmt(r.get(c)).ljust(w) for c, w in zip(cols, widths)))
+
+
+def cmd_evaluate(args) -> int:
+    from mlm_core import stages
+    from mlm_core.evaluate.stage import evaluate_model, intrinsic_rows, transfer_rows
+    lc = _load(args)
+    plans = stages.plan(lc)
+    for need in ("normalize", "shards"):
+        if plans[need].status != "done":
+            raise stages.PlanError(f"`mlm evaluate` needs the {need} output (held-out data), which is "
+                                   f"{plans[need].status}: run `mlm run {args.config} --only {need}` first")
+    folder = _model_folder(args, lc)
+    result = evaluate_model(folder, plans["shards"].path, plans["normalize"].path, lc, None)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+        return 0
+    print(f"model: {args.model}\nper-language masked-token metrics (held-out split), next to the unigram baseline:")
+    _print_rows(intrinsic_rows(result))
+    print("zero-shot transfer (fine-tuned on the source language only):")
+    _print_rows(transfer_rows(result))
+    return 0
+
+
+def cmd_audit(args) -> int:
+    from mlm_core.audit import run_audit
+    lc = _load(args)
+    folder = _model_folder(args, lc)
+    result = run_audit(folder, lc.config.audit, lc.base_dir)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+        return 0
+    print(f"model: {args.model}\nCrowS-Pairs (% preferring the more stereotypical sentence; 50 = no preference):")
+    _print_rows([{"lang": lang, "n": r.get("n"), "score": r.get("metric_score"), "stereo": r.get("stereo_score"),
+                  "antistereo": r.get("antistereo_score"), "neutral_%": r.get("neutral_pct")}
+                 for lang, r in sorted(result.get("crows", {}).items())])
+    print("templates (Δ_bias = E_w[log p(w|group1) - log p(w|group2)]; KL to neutral):")
+    _print_rows([{"lang": lang, **{f"delta {k}": v for k, v in (t.get("delta_bias") or {}).items()},
+                  "kl_to_neutral": t.get("kl_to_neutral_mean")} for lang, t in sorted(result.get("templates", {}).items())])
+    print(result.get("limits", ""))
+    return 0
+
+
+def cmd_fill_mask(args) -> int:
+    from mlm_core.fillmask import fill_mask
+    folder = _model_folder(args, _load(args) if args.config else None)
     results = fill_mask(folder, args.text, args.top_k)
     if args.json:
         print(json.dumps(results, indent=2, ensure_ascii=False))
@@ -160,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def with_config(sp, name="config"):
-        sp.add_argument(name, help="pipeline YAML file")
+        sp.add_argument(name, help="pipeline YAML file", **({"required": True} if name.startswith("--") else {}))
         sp.add_argument("--set", action="append", metavar="KEY.PATH=VALUE",
                         help="override a config value (YAML syntax), repeatable: --set normalize.min_chars=10")
         return sp
@@ -189,6 +245,13 @@ def build_parser() -> argparse.ArgumentParser:
     fm.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="config override")
     fm.add_argument("--json", action="store_true")
     fm.set_defaults(func=cmd_fill_mask)
+
+    for name, func, what in (("evaluate", cmd_evaluate, "per-language metrics and zero-shot transfer of a model"),
+                             ("audit", cmd_audit, "bias audits (CrowS-Pairs, templates) of a model")):
+        sp = sub.add_parser(name, help=what)
+        sp.add_argument("model", help="models:/name@alias, models:/name/VERSION, or a local model folder")
+        with_config(sp, "--config").set_defaults(func=func)
+        sp.add_argument("--json", action="store_true")
 
     c = sub.add_parser("config", help="validate a config or print its JSON Schema")
     csub = c.add_subparsers(dest="config_command", required=True)

@@ -62,22 +62,27 @@ def pipeline(config_path: ConfigPath = "configs/demo.yaml", overrides: Overrides
     return run_pipeline(config_path, overrides, from_stage=from_stage, force=force)
 
 
-@flow(name="mlm-normalize", description="Normalize the raw corpus (clean, filter, deduplicate) on its own.")
-def normalize_flow(config_path: ConfigPath = "configs/demo.yaml", overrides: Overrides = [],  # noqa: B006
-                   force: Force = False) -> list[dict]:
-    return run_pipeline(config_path, overrides, only="normalize", force=force)
+def _stage_flow(stage: str):
+    """One flow per stage, for reruns from the UI: exactly `mlm run CONFIG --only STAGE` (force: recompute)."""
+    spec = stages.STAGES[stage]
 
-
-@flow(name="mlm-tokenizer", description="Train the tokenizer from the stored normalize output.")
-def tokenizer_flow(config_path: ConfigPath = "configs/demo.yaml", overrides: Overrides = [],  # noqa: B006
-                   force: Force = False) -> list[dict]:
-    return run_pipeline(config_path, overrides, only="tokenizer", force=force)
-
-
-@flow(name="mlm-shards", description="Encode and pack the corpus into Arrow shards from the stored upstream outputs.")
-def shards_flow(config_path: ConfigPath = "configs/demo.yaml", overrides: Overrides = [],  # noqa: B006
+    def run_one(config_path: ConfigPath = "configs/demo.yaml", overrides: Overrides = [],  # noqa: B006
                 force: Force = False) -> list[dict]:
-    return run_pipeline(config_path, overrides, only="shards", force=force)
+        return run_pipeline(config_path, overrides, only=stage, force=force)
+
+    run_one.__name__ = f"{stage}_flow"
+    return flow(name=f"mlm-{stage}", description=f"{spec.summary[:1].upper()}{spec.summary[1:]}, "
+                f"from the stored upstream outputs.")(run_one)
 
 
-STAGE_FLOWS = {"normalize": normalize_flow, "tokenizer": tokenizer_flow, "shards": shards_flow}
+normalize_flow = _stage_flow("normalize")
+tokenizer_flow = _stage_flow("tokenizer")
+shards_flow = _stage_flow("shards")
+pretrain_flow = _stage_flow("pretrain")
+evaluate_flow = _stage_flow("evaluate")
+audit_flow = _stage_flow("audit")
+register_flow = _stage_flow("register")
+
+STAGE_FLOWS = {"normalize": normalize_flow, "tokenizer": tokenizer_flow, "shards": shards_flow,
+               "pretrain": pretrain_flow, "evaluate": evaluate_flow, "audit": audit_flow, "register": register_flow}
+assert list(STAGE_FLOWS) == stages.stage_names(), "every stage needs its flow"

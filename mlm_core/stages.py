@@ -71,6 +71,62 @@ def _run_shards(lc, upstream, out_dir):
     return run_shards(lc, upstream, out_dir)
 
 
+def _pretrain_section(lc: LoadedConfig) -> dict:
+    return {"pretrain": lc.config.pretrain.model_dump(mode="json", exclude={"log_every"}), "seed": lc.config.seed}
+
+
+def _run_pretrain(lc, upstream, out_dir):
+    from mlm_core.train.stage import run_pretrain
+    return run_pretrain(lc, upstream, out_dir)
+
+
+def _file_stats(lc: LoadedConfig, paths) -> list:
+    """Path, size and mtime of the files a stage reads besides upstream outputs (so edits rerun it)."""
+    out = []
+    for p in sorted(set(paths)):
+        f = lc.resolve(str(p).split("#", 1)[0])
+        st = f.stat() if f.exists() else None
+        out.append([str(f), st.st_size if st else None, st.st_mtime_ns if st else None])
+    return out
+
+
+def _evaluate_section(lc: LoadedConfig) -> dict:
+    return {"evaluate": lc.config.evaluate.model_dump(mode="json"), "seed": lc.config.seed}
+
+
+def _evaluate_inputs(lc: LoadedConfig):
+    ev = lc.config.evaluate
+    files = [p for t in (ev.upos, ev.classification) if t for p in [t.train, t.dev, *t.targets.values()] if p]
+    return _file_stats(lc, files + list((ev.retrieval or {}).values()))
+
+
+def _run_evaluate(lc, upstream, out_dir):
+    from mlm_core.evaluate.stage import run_evaluate
+    return run_evaluate(lc, upstream, out_dir)
+
+
+def _audit_section(lc: LoadedConfig) -> dict:
+    return {"audit": lc.config.audit.model_dump(mode="json")}
+
+
+def _audit_inputs(lc: LoadedConfig):
+    return _file_stats(lc, [*lc.config.audit.crows_pairs.values(), *lc.config.audit.templates.values()])
+
+
+def _run_audit(lc, upstream, out_dir):
+    from mlm_core.register import run_audit_stage
+    return run_audit_stage(lc, upstream, out_dir)
+
+
+def _register_section(lc: LoadedConfig) -> dict:
+    return {"registry": lc.config.registry.model_dump(mode="json")}
+
+
+def _run_register(lc, upstream, out_dir):
+    from mlm_core.register import run_register
+    return run_register(lc, upstream, out_dir)
+
+
 # Versions: bump a stage's version when its code changes what it writes for the same config.
 STAGES: dict[str, StageSpec] = {
     "normalize": StageSpec("normalize", (), "1", _normalize_section, _run_normalize,
@@ -79,6 +135,14 @@ STAGES: dict[str, StageSpec] = {
                            summary="train a tokenizer on a language-balanced sample"),
     "shards": StageSpec("shards", ("normalize", "tokenizer"), "1", _shards_section, _run_shards,
                         summary="encode, pack and write Arrow shards with the language sampling table"),
+    "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), "1", _pretrain_section, _run_pretrain,
+                          summary="train the encoder (MLM or ELECTRA), checkpoint, export"),
+    "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), "1", _evaluate_section, _run_evaluate,
+                          _evaluate_inputs, summary="per-language metrics and zero-shot transfer"),
+    "audit": StageSpec("audit", ("pretrain",), "1", _audit_section, _run_audit, _audit_inputs,
+                       summary="CrowS-Pairs and template bias audits"),
+    "register": StageSpec("register", ("pretrain", "evaluate", "audit"), "1", _register_section, _run_register,
+                          summary="promotion gates and the model card"),
 }
 
 

@@ -123,3 +123,53 @@ def _shards_tables(out_dir: Path, options: dict) -> dict:
     return {"shards": files, "sampling": sampling, "rows_sample": sample,
             "train_langs": files[files.split == "train"][["lang"]].drop_duplicates(),
             "validation_langs": files[files.split == "validation"][["lang"]].drop_duplicates()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pretrain, evaluate, audit, register: small result tables, validated in full
+def _json(path: Path) -> dict:
+    import json
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+@register_parameters("pretrain")
+def _pretrain_parameters(manifest: dict) -> dict:
+    return {"languages": sorted(manifest.get("eval", {}))}
+
+
+@register_tables("pretrain")
+def _pretrain_tables(out_dir: Path, options: dict) -> dict:
+    import pandas as pd
+    ev = _json(out_dir / "eval.json").get("eval", {})
+    rows = [{"lang": lang, "loss": r["loss"], "acc": r["acc"], "baseline_acc": r["baseline_acc"]} for lang, r in ev.items()]
+    files = pd.DataFrame([{"file": f, "present": (out_dir / f).is_file()}
+                          for f in ("model.safetensors", "model_config.json", "tokenizer.json", "eval.json")])
+    return {"eval": pd.DataFrame(rows, columns=["lang", "loss", "acc", "baseline_acc"]), "files": files,
+            "run": pd.DataFrame([{"final_loss": options["manifest"].get("final_loss"),
+                                  "steps": options["manifest"].get("steps")}])}
+
+
+@register_parameters("evaluate")
+def _evaluate_parameters(manifest: dict) -> dict:
+    return {"languages": sorted(manifest.get("languages", {}))}
+
+
+@register_tables("evaluate")
+def _evaluate_tables(out_dir: Path, options: dict) -> dict:
+    import pyarrow.parquet as pq
+    intr = pq.read_table(out_dir / "intrinsic.parquet").to_pandas()
+    return {"intrinsic": intr[~intr["missing"]].reset_index(drop=True), "languages": intr[["lang"]],
+            "transfer": pq.read_table(out_dir / "transfer.parquet").to_pandas()}
+
+
+@register_tables("audit")
+def _audit_tables(out_dir: Path, options: dict) -> dict:
+    import pyarrow.parquet as pq
+    return {"crows": pq.read_table(out_dir / "crows.parquet").to_pandas()}
+
+
+@register_tables("register")
+def _register_tables(out_dir: Path, options: dict) -> dict:
+    import pandas as pd
+    gates = _json(out_dir / "gates.json")
+    return {"gates": pd.DataFrame(gates, columns=["name", "passed", "value", "threshold", "detail"])}

@@ -55,8 +55,36 @@ def _shards_rows(art: Artifact) -> list[dict]:
             for r in art.manifest.get("sampling", {}).get("table", [])]
 
 
-TABLES: dict[str, Callable[[Artifact], list[dict]]] = {"normalize": _normalize_rows, "tokenizer": _tokenizer_rows,
-                                                       "shards": _shards_rows}
+def _pretrain_rows(art: Artifact) -> list[dict]:
+    return [{"lang": lang, "val_loss": round(r["loss"], 4), "val_acc": round(r["acc"], 4),
+             "baseline_acc": round(r["baseline_acc"], 4), "beats_baseline": r["acc"] > r["baseline_acc"]}
+            for lang, r in sorted(art.manifest.get("eval", {}).items())]
+
+
+def _evaluate_rows(art: Artifact) -> list[dict]:
+    rows = []
+    for lang, r in sorted(art.manifest.get("languages", {}).items()):
+        if r.get("missing"):
+            rows.append({"lang": lang, "top1": "missing", "baseline_top1": "", "top5": "", "mrr": "", "ece": "",
+                         "perplexity": "", "pseudo_perplexity": ""})
+            continue
+        rows.append({"lang": lang, **{k: None if r.get(k) is None else round(r[k], 4) for k in
+                                      ("top1", "baseline_top1", "top5", "mrr", "ece", "perplexity", "pseudo_perplexity")}})
+    return rows
+
+
+def _audit_rows(art: Artifact) -> list[dict]:
+    return [dict(r) for r in art.manifest.get("crows", [])]
+
+
+def _register_rows(art: Artifact) -> list[dict]:
+    return [{"gate": g["name"], "passed": g["passed"], "value": g["value"], "threshold": g["threshold"],
+             "detail": g["detail"]} for g in art.manifest.get("gates", [])]
+
+
+TABLES: dict[str, Callable[[Artifact], list[dict]]] = {
+    "normalize": _normalize_rows, "tokenizer": _tokenizer_rows, "shards": _shards_rows, "pretrain": _pretrain_rows,
+    "evaluate": _evaluate_rows, "audit": _audit_rows, "register": _register_rows}
 
 
 def plots(stage: str, art: Artifact, dest) -> list:

@@ -31,12 +31,12 @@ def model_files(art: Artifact) -> tuple[list[Path], str, str]:
     return files, "model/weights", "model/weights"
 
 
-def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | None, cfg) -> int | None:
+def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) -> int | None:
     """Log the model files to ``run_id`` and register them; returns the new version (None if tracking is off).
     A model already registered for this fingerprint is not registered twice (a cached rerun)."""
     if not tracker.enabled or run_id is None:
         return None
-    name = cfg.registry.model_name
+    name = lc.config.registry.model_name
     existing = _version_for(tracker, name, art.fingerprint)
     if existing is not None:
         return existing
@@ -49,8 +49,8 @@ def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | 
             client.log_artifact(run_id, str(p), artifact_dir)
     up = art.manifest.get("upstream", {})
     tags = {"pretrain_fingerprint": art.fingerprint, "shards_fingerprint": up.get("shards", ""),
-            "tokenizer_fingerprint": art.manifest.get("tokenizer_fingerprint", ""),
-            "data_fingerprint": art.manifest.get("normalize_fingerprint", ""),
+            "tokenizer_fingerprint": up.get("tokenizer", ""), "data_fingerprint": up.get("normalize", ""),
+            "config_fingerprint": art.fingerprint,
             "export": art.manifest.get("export") or "none", "format": "safetensors"}
     version = tracking.register_version(tracker, name, run_id, register_path, tags=tags,
                                         description=f"pretrain output {art.fingerprint}")
@@ -96,3 +96,35 @@ def resolve_model(ref: str, tracking_uri: str) -> Path:
                             f"registered models: {', '.join(known) or 'none'}") from None
     dest = Path(tempfile.mkdtemp(prefix="mlm-model-"))
     return Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dest)))
+
+
+def promote(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) -> int | None:
+    """After the register stage: tag the model version with its gate results, move alias ``champion`` to it
+    only when every declared gate passed (else it keeps ``candidate``), and log its model card."""
+    if not tracker.enabled or run_id is None:
+        return None
+    from mlm_core.gates import GateResult
+    from mlm_core.register import card
+    from mlm_core.store import StageStore
+    name = lc.config.registry.model_name
+    version = _version_for(tracker, name, art.manifest["pretrain_fingerprint"])
+    if version is None:
+        raise RegistryError(f"no version of {name!r} is registered for pretrain output "
+                            f"{art.manifest['pretrain_fingerprint']}: rerun `mlm run CONFIG --only pretrain` with "
+                            f"tracking enabled")
+    passed, failed = art.manifest["passed"], art.manifest["failed_gates"]
+    tags = {f"gate.{g['name']}": "pass" if g["passed"] else "fail" for g in art.manifest["gates"]}
+    tags |= {"gates": "passed" if passed else "failed", "failed_gates": ",".join(failed) or "none"}
+    tracking.tag_version(tracker, name, version, tags)
+    if passed:
+        tracking.set_alias(tracker, name, "champion", version)
+    store = StageStore(lc.workdir)
+    upstream = {s: store.load(s, fp) for s, fp in art.manifest["upstream"].items()}
+    gates = [GateResult(**g) for g in art.manifest["gates"]]
+    text = card(lc, upstream, gates, version, passed)
+    tracker.log_text(run_id, text, "model_card.md")
+    source_run = tracker.client.get_model_version(name, str(version)).run_id
+    tracker.log_text(source_run, text, f"model_card/v{version}.md")
+    log.info("%s version %s: gates %s%s", name, version, "passed -> champion" if passed else "failed: ",
+             "" if passed else ", ".join(failed))
+    return version

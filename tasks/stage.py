@@ -30,7 +30,7 @@ from tasks.validation import ValidationFailed, validate_stage
 log = logging.getLogger(__name__)
 
 # Stage-specific steps after the stage's MLflow run is logged (e.g. registering the trained model).
-POST_LOG = {"pretrain": registry.register_pretrained}
+POST_LOG = {"pretrain": registry.register_pretrained, "register": registry.promote}
 
 
 def _logger():
@@ -83,7 +83,7 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
             tags=tags, artifacts=figures, artifact_dir="plots")
     if report is not None:
         tracker.log_text(run_id, report.summary_markdown(), "validation/summary.md")
-    registered = POST_LOG[name](art, tracker, run_id, lc.config) if name in POST_LOG else None
+    registered = POST_LOG[name](art, tracker, run_id, lc) if name in POST_LOG else None
     url = tracker.run_url(run_id)
     create_markdown_artifact(key=f"{name}-summary", markdown=publish.stage_markdown(name, art, hit, seconds, report, url),
                              description=f"{name}: {'cache hit' if hit else 'ran'}")

@@ -1,0 +1,85 @@
+"""The evaluate stage: intrinsic per-language metrics + zero-shot cross-lingual transfer of a trained model.
+
+In: the pretrain output (model folder), the shards (held-out split) and normalize (held-out texts for
+pseudo-perplexity) outputs, and the ``evaluate`` config section. Out: ``evaluation.json`` (everything),
+``intrinsic.parquet`` (one row per language, next to the unigram baseline), ``transfer.parquet`` (one
+row per task and target language), ``reliability.png``. The same code runs on any model folder
+(``mlm evaluate MODEL``) through ``evaluate_model``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+INTRINSIC_KEYS = ("n_positions", "top1", "top5", "mrr", "loss", "perplexity", "ece",
+                  "baseline_top1", "baseline_top5", "baseline_mrr")
+
+
+def evaluate_model(model_dir: Path, shards_dir: Path, normalize_dir: Path | None, lc, out_dir: Path | None) -> dict:
+    from mlm_core.evaluate.intrinsic import run_intrinsic
+    from mlm_core.evaluate.transfer import run_transfer
+    cfg = lc.config.evaluate
+    plot = out_dir / "reliability.png" if out_dir is not None else None
+    result = run_intrinsic(model_dir, shards_dir, normalize_dir, cfg, seed=lc.config.seed, plot_path=plot)
+    if cfg.upos or cfg.classification or cfg.retrieval:
+        result["transfer"] = run_transfer(model_dir, cfg, lc.base_dir, lc.config.seed)
+    else:
+        result["transfer"] = {}
+    return result
+
+
+def intrinsic_rows(result: dict) -> list[dict]:
+    rows = []
+    for lang, r in sorted(result.get("intrinsic", {}).items()):
+        if r.get("missing"):
+            rows.append({"lang": lang, "missing": True, **{k: None for k in INTRINSIC_KEYS}})
+            continue
+        row = {"lang": lang, "missing": False, **{k: r.get(k) for k in INTRINSIC_KEYS}}
+        pll = result.get("pll", {}).get(lang, {})
+        row["pseudo_perplexity"] = None if pll.get("missing") else pll.get("pseudo_perplexity")
+        rows.append(row)
+    return rows
+
+
+def transfer_rows(result: dict) -> list[dict]:
+    rows = []
+    for task, t in sorted(result.get("transfer", {}).items()):
+        if not isinstance(t, dict):
+            continue
+        for lang, r in sorted((t.get("targets") or {}).items()):
+            if not isinstance(r, dict):
+                continue
+            rows.append({"task": task, "lang": lang, "score": r.get("score"),
+                         "source_score": t.get("source_score", r.get("source_score")),
+                         "gap": r.get("gap"), "majority_baseline": r.get("majority_baseline")})
+    return rows
+
+
+def flat_metrics(result: dict) -> dict[str, float]:
+    out = {}
+    for row in intrinsic_rows(result):
+        for k in ("top1", "top5", "mrr", "perplexity", "ece", "baseline_top1", "pseudo_perplexity"):
+            if isinstance(row.get(k), (int, float)):
+                out[f"{row['lang']}.{k}"] = float(row[k])
+    for row in transfer_rows(result):
+        for k in ("score", "gap"):
+            if isinstance(row.get(k), (int, float)):
+                out[f"{row['task']}.{row['lang']}.{k}"] = float(row[k])
+    return out
+
+
+def run_evaluate(lc, upstream: dict, out_dir: Path) -> dict:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    out_dir = Path(out_dir)
+    result = evaluate_model(upstream["pretrain"].path, upstream["shards"].path, upstream["normalize"].path, lc, out_dir)
+    (out_dir / "evaluation.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
+    intrinsic = intrinsic_rows(result)
+    pq.write_table(pa.Table.from_pylist(intrinsic), out_dir / "intrinsic.parquet")
+    schema = pa.schema([("task", pa.string()), ("lang", pa.string()), ("score", pa.float64()),
+                        ("source_score", pa.float64()), ("gap", pa.float64()), ("majority_baseline", pa.float64())])
+    pq.write_table(pa.Table.from_pylist(transfer_rows(result), schema=schema), out_dir / "transfer.parquet")
+    missing = [r["lang"] for r in intrinsic if r["missing"]]
+    return {"languages": {r["lang"]: {k: v for k, v in r.items() if k != "lang"} for r in intrinsic},
+            "missing_languages": missing, "transfer": transfer_rows(result), "metrics": flat_metrics(result),
+            "counts": {"languages": len(intrinsic), "missing": len(missing)}}
