@@ -77,7 +77,7 @@ def test_kill_9_at_random_moments_then_resume_exactly(shards, tmp_path):
         target = base + rng.randint(2, 9)
         t0 = time.monotonic()
         while proc.poll() is None and time.monotonic() - t0 < 60:
-            tmp = list(ckroot.glob(".tmp-step-*")) if ckroot.exists() else []
+            tmp = list(ckroot.glob(f".tmp-step-*-{proc.pid}")) if ckroot.exists() else []   # this writer's
             logged = last_logged(work)
             if (during_write and tmp) or (not during_write and logged >= target):
                 if during_write:
@@ -92,7 +92,7 @@ def test_kill_9_at_random_moments_then_resume_exactly(shards, tmp_path):
         have = complete_steps(ckroot)
         assert logged - have[-1] <= every, (trial, logged, have)
         if during_write:
-            assert list(ckroot.glob(".tmp-step-*")), "the kill was meant to land inside a checkpoint write"
+            assert list(ckroot.glob(f".tmp-step-*-{proc.pid}")), "the kill was meant to land inside a checkpoint write"
     assert during_write_seen
     # the last restart runs to the end: a partial folder is never read and is cleaned up
     before = max(complete_steps(ckroot))

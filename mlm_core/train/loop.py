@@ -261,6 +261,49 @@ def _last_train_loss(path: Path) -> float | None:
     return losses[-1] if losses else None
 
 
+class Feed:
+    """Draws this rank's micro-batches: sampler -> rows from the shards -> masking; times both parts."""
+
+    def __init__(self, sampler, rows: Rows, masker, generator: torch.Generator, batch_size: int, device):
+        self.sampler, self.rows, self.masker, self.gen = sampler, rows, masker, generator
+        self.B, self.device, self.nb = batch_size, device, device.type == "cuda"
+        self.t_data = self.t_mask = self.rate = 0.0
+
+    def draw(self, step: int, n: int) -> list[tuple]:
+        """n x (input_ids, segment_ids, labels, predictions, non-pad tokens) on the device."""
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            b = self.rows.gather(*self.sampler.next_indices(self.B))
+            t1 = time.perf_counter()
+            m = self.masker(b["input_ids"], b["word_start"], step, seq_ids=b["seq_ids"], generator=self.gen)
+            self.t_data, self.t_mask, self.rate = self.t_data + t1 - t0, self.t_mask + time.perf_counter() - t1, m.rate
+            seg = b["segment_ids"]
+            out.append((m.input_ids.to(self.device, non_blocking=self.nb), seg.to(self.device, non_blocking=self.nb),
+                        m.labels.to(self.device, non_blocking=self.nb), int(m.selected.sum()), int((seg != 0).sum())))
+        return out
+
+
+def _latest(root: Path, rank: int):
+    if rank == 0:
+        ckpt.cleanup_temporaries(root)
+    return ckpt.find_latest(root)
+
+
+def _restore(found, arch: dict, fp: str, rank: int, *, core, opt, sched, gens, sampler) -> dict:
+    """Load the checkpoint into model/optimizer/scheduler/RNGs/sampler; returns its counters."""
+    path, meta = found
+    ckpt.check_arch(path, meta, arch)
+    if meta.get("config_fingerprint") != fp and rank == 0:
+        log.warning("resuming %s written with a different training config (fingerprint %s, now %s)",
+                    path, meta.get("config_fingerprint"), fp)
+    st = ckpt.load_checkpoint(path, meta, model=core, optimizer=opt, scheduler=sched, generators=gens, rank=rank)
+    sampler.load_state_dict(st["sampler"])
+    if rank == 0:
+        log.info("resumed from %s (step %d)", path, st["state"]["step"])
+    return st["state"]
+
+
 # ------------------------------------------------------------------------------------------------ the loop
 def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: int = 0, rank: int = 0,
           world_size: int = 1, local_rank: int = 0, resume: bool = True,
@@ -284,33 +327,21 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     opt, sched = build_optimizer(model, cfg)
     from mlm_core.shards import LanguageSampler
     sampler = LanguageSampler(data.rows_per_lang("train"), data.sampling_probs(), seed, rank, world_size)
-    rows = Rows(data, "train", sampler.langs)
     masker = Masker(cfg.masking, vocab, sorted(specials.values()), specials["mask"], seed, cfg.steps,
                     unk_id=specials.get("unk"))
     gens = {"mask": torch.Generator().manual_seed(_derive(seed, rank, 1))}
     if device.type == "cuda":
         gens["sample"] = torch.Generator(device=device).manual_seed(_derive(seed, rank, 3))
     sample_gen = gens.get("sample", gens["mask"])
+    feed = Feed(sampler, Rows(data, "train", sampler.langs), masker, gens["mask"], cfg.batch_size, device)
     electra = isinstance(core, ElectraModel)
     fp = train_fingerprint(cfg, seed)
 
+    found = _latest(ckpt_root, rank) if resume else None
     step, tokens, resumed = 0, 0, None
-    found = None
-    if resume:
-        if rank == 0:
-            ckpt.cleanup_temporaries(ckpt_root)
-        found = ckpt.find_latest(ckpt_root)
     if found:
-        path, meta = found
-        ckpt.check_arch(path, meta, arch)
-        if meta.get("config_fingerprint") != fp and rank == 0:
-            log.warning("resuming %s written with a different training config (fingerprint %s, now %s)",
-                        path, meta.get("config_fingerprint"), fp)
-        st = ckpt.load_checkpoint(path, meta, model=core, optimizer=opt, scheduler=sched, generators=gens, rank=rank)
-        sampler.load_state_dict(st["sampler"])
-        step, tokens, resumed = int(st["state"]["step"]), int(st["state"]["tokens"]), int(st["state"]["step"])
-        if rank == 0:
-            log.info("resumed from %s (step %d)", path, step)
+        st = _restore(found, arch, fp, rank, core=core, opt=opt, sched=sched, gens=gens, sampler=sampler)
+        step, tokens, resumed = int(st["step"]), int(st["tokens"]), int(st["step"])
     else:
         torch.manual_seed(_derive(seed, rank, 2))   # dropout stream of this rank
     metrics_path = out_dir / "metrics.jsonl"
@@ -326,12 +357,12 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     evaluator = Evaluator(cfg, data, Masker, vocab, specials, seed)
     peak = cfg.peak_flops or PEAK_FLOPS[device.type]
     end = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
-    B, accum = cfg.batch_size, cfg.grad_accum
-    step_tokens = B * T * accum * world_size
+    accum = cfg.grad_accum
+    step_tokens = cfg.batch_size * T * accum * world_size
     progress = Progress(end, rank == 0)
     last_eval: dict = {}
     final_loss = None
-    win_t0, win_steps, t_data, t_mask = time.perf_counter(), 0, 0.0, 0.0
+    win_t0, win_steps = time.perf_counter(), 0
     model.train()
 
     def save(at: int) -> Path:
@@ -344,18 +375,7 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     last_ckpt = None
     while step < end:
         # 1) draw and mask the whole step's micro-batches first: the global prediction counts normalise the loss
-        micro, rate = [], 0.0
-        for _ in range(accum):
-            t0 = time.perf_counter()
-            li, r = sampler.next_indices(B)
-            b = rows.gather(li, r)
-            t1 = time.perf_counter()
-            m = masker(b["input_ids"], b["word_start"], step, seq_ids=b["seq_ids"], generator=gens["mask"])
-            t_data, t_mask, rate = t_data + t1 - t0, t_mask + time.perf_counter() - t1, m.rate
-            nb = device.type == "cuda"
-            micro.append((m.input_ids.to(device, non_blocking=nb), b["segment_ids"].to(device, non_blocking=nb),
-                          m.labels.to(device, non_blocking=nb), int(m.selected.sum()),
-                          int((b["segment_ids"] != 0).sum())))
+        micro = feed.draw(step, accum)
         counts = torch.tensor([sum(x[3] for x in micro), sum(x[4] for x in micro)], dtype=torch.float64)
         n_glob, m_glob = all_reduce_sum(counts, world_size, device).tolist()
         # 2) forward/backward
@@ -389,6 +409,7 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
             final_loss = float(parts[0])
             dt = time.perf_counter() - win_t0
             tps = win_steps * step_tokens / max(dt, 1e-9)
+            rate, t_data, t_mask = feed.rate, feed.t_data, feed.t_mask
             fpt = core.flops_per_token(T, rate)
             gn = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
             rec = {"type": "train", "step": step, "loss": final_loss, "lr": lr, "masking_rate": rate,
@@ -401,7 +422,8 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
                 raise FloatingPointError(f"pretrain: loss is {final_loss} at step {step}")
             emit(rec)
             progress.update(step, final_loss)
-            win_t0, win_steps, t_data, t_mask = time.perf_counter(), 0, 0.0, 0.0
+            win_t0, win_steps = time.perf_counter(), 0
+            feed.t_data = feed.t_mask = 0.0
         if step % cfg.eval_every == 0 or step == cfg.steps:
             last_eval = evaluator(core, device, cfg.precision)
             emit({"type": "eval", "step": step, **{f"{lg}.val_{k}": v for lg, r in last_eval.items()
