@@ -66,6 +66,6 @@ def fill_mask(folder: Path, text: str, top_k: int = 5) -> list[list[dict]]:
             filled = list(enc.ids)
             filled[pos] = tid
             preds.append({"token": tok.decode([tid]).strip() or tok.id_to_token(tid), "token_id": tid,
-                          "score": round(score, 5), "sequence": tok.decode(filled)})
+                          "score": round(score, 5), "sequence": " ".join(tok.decode(filled).split())})
         out.append(preds)
     return out

@@ -100,6 +100,8 @@ def _transfer_gate(evaluation: dict, threshold: float) -> list:
         return [GateResult(name, False, None, threshold, "no zero-shot transfer evaluation in the report")]
     gaps, problems = [], []
     for task in sorted(tr):
+        if task == "retrieval":   # no source/target protocol: retrieval pairs languages, it fine-tunes nothing
+            continue
         rec = tr[task] if isinstance(tr[task], dict) else {}
         src, targets = _num(rec.get("source_score")), rec.get("targets")
         if src is None:

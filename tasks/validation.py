@@ -144,6 +144,7 @@ def _gx():
             import great_expectations as gx
             from great_expectations.data_context.types.base import ProgressBarsConfig
 
+            logging.getLogger("great_expectations").setLevel(logging.WARNING)  # GE resets it on import
             ctx = gx.get_context(mode="ephemeral")
             ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
             _STATE.update(gx=gx, ctx=ctx, ds=ctx.data_sources.add_pandas(name="mlm"), batch_defs={})
