@@ -201,11 +201,11 @@ def select(plans: dict[str, StagePlan], only: str | None = None, from_: str | No
     if only and from_:
         raise PlanError("give at most one of --only and --from")
     chosen = [only] if only else downstream_of(from_) if from_ else list(STAGES)
-    first = chosen[0]
-    for u in STAGES[first].upstream:
-        if u not in chosen and plans[u].status != "done":
-            raise PlanError(f"stage {first!r} needs the output of {u!r} (fingerprint {plans[u].fingerprint}), "
-                            f"which is {plans[u].status}: run `mlm run CONFIG --only {u}` (or without --only) first")
+    for name in chosen:
+        for u in STAGES[name].upstream:
+            if u not in chosen and plans[u].status != "done":
+                raise PlanError(f"stage {name!r} needs the output of {u!r} (fingerprint {plans[u].fingerprint}), "
+                                f"which is {plans[u].status}: run `mlm run CONFIG --only {u}` (or without --only) first")
     return chosen
 
 

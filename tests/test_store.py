@@ -14,6 +14,7 @@ from mlm_core.configio import load_config
 from mlm_core.errors import PlanError
 from mlm_core.store import MANIFEST, StageStore
 
+DATA_STAGES = ("normalize", "tokenizer", "shards")
 EN = [f"The quick brown fox number {i} jumps over the lazy dog." for i in range(40)]
 FR = [f"Le renard brun numéro {i} saute par-dessus le chien paresseux." for i in range(40)]
 
@@ -48,16 +49,17 @@ def test_run_reuse_status_and_stale(tmp_path, cfg_raw):
     lc = lc_of(tmp_path, cfg_raw)
     plans = stages.plan(lc)
     assert {p.status for p in plans.values()} == {"missing"}
-    for name in stages.select(plans):
+    for name in DATA_STAGES:
         art, hit = stages.execute(lc, name, plans)
         assert not hit and (art.path / MANIFEST).is_file()
     plans = stages.plan(lc)
-    assert {p.status for p in plans.values()} == {"done"}
-    for name in stages.STAGES:
+    assert [plans[n].status for n in DATA_STAGES] == ["done"] * 3
+    for name in DATA_STAGES:
         _, hit = stages.execute(lc, name, plans)
         assert hit
     changed = stages.plan(lc_of(tmp_path, cfg_raw, "tokenizer.vocab_size=350"))
-    assert [changed[n].status for n in stages.STAGES] == ["done", "stale", "stale"]
+    assert [changed[n].status for n in DATA_STAGES] == ["done", "stale", "stale"]
+    assert changed["pretrain"].status == "missing"
 
 
 def test_only_needs_stored_upstream_and_names_it(tmp_path, cfg_raw):
@@ -70,7 +72,9 @@ def test_only_needs_stored_upstream_and_names_it(tmp_path, cfg_raw):
     stages.execute(lc, "normalize", plans)
     plans = stages.plan(lc)
     assert stages.select(plans, only="tokenizer") == ["tokenizer"]
-    assert stages.select(plans, from_="tokenizer") == ["tokenizer", "shards"]
+    assert stages.select(plans, from_="tokenizer") == [n for n in stages.STAGES if n != "normalize"]
+    with pytest.raises(PlanError, match="stage 'evaluate' needs the output of 'shards'"):
+        stages.select(plans, from_="evaluate")
 
 
 def test_manifest_records_config_upstream_versions_and_checksums(tmp_path, cfg_raw):
