@@ -62,7 +62,8 @@ def library_versions() -> dict[str, str]:
     return vers
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so a rename inside it is durable (best effort where unsupported)."""
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -170,14 +171,14 @@ class StageStore:
                 exc.add_note(f"{stage}: the unfinished output is kept for inspection in {failed}")
                 raise
             write_json_atomic(tmp / MANIFEST, manifest)
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             if final.exists():  # an identical output finished first, or an incomplete folder from tampering
                 if (final / MANIFEST).is_file():
                     shutil.rmtree(tmp, ignore_errors=True)
                     return self.load(stage, fp)
                 shutil.rmtree(final)
             os.rename(tmp, final)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

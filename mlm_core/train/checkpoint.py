@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 
 from mlm_core.errors import MlmError
 from mlm_core.store import sha256_file
+from mlm_core.store import fsync_dir as _fsync_dir
 
 log = logging.getLogger(__name__)
 FORMAT = 1
@@ -76,17 +77,6 @@ def plain(obj: Any) -> Any:
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
 
 
 def _write_json(path: Path, obj: Any) -> None:
