@@ -60,6 +60,12 @@ def test_cross_field_checks():
         load_config(raw={"sources": SRC, "tokenizer": {"max_fertility_per_lang": {"de": 3.0}}})
     with pytest.raises(ConfigError, match="exactly one of 'paths' or 'dataset'"):
         load_config(raw={"sources": {"en": {}}})
+    with pytest.raises(ConfigError, match=r"shards\.seq_len: Input should be greater than or equal to 8"):
+        load_config(raw={"sources": SRC, "shards": {"seq_len": 4}})
+    with pytest.raises(ConfigError, match=r"shards\.seq_len \(256\) exceeds pretrain\.model\.max_positions \(128\)"):
+        load_config(raw={"sources": SRC, "shards": {"seq_len": 256}, "pretrain": {"model": {"max_positions": 128}}})
+    with pytest.raises(ConfigError, match=r"pretrain\.masking\.rate: Input should be less than 1"):
+        load_config(raw={"sources": SRC, "pretrain": {"masking": {"rate": 1.2}}})
     with pytest.raises(ConfigError, match="min_chars .* must be <= max_chars"):
         load_config(raw={"sources": SRC, "normalize": {"min_chars": 10, "max_chars": 5}})
 

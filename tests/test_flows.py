@@ -21,7 +21,10 @@ def cfg_file(tmp_path):
     raw = {"name": "flowtest", "workdir": str(tmp_path / "work"),
            "sources": {"en": {"paths": [str(en)]}, "ru": {"paths": [str(ru)]}},
            "normalize": {"workers": 1}, "tokenizer": {"vocab_size": 300, "heldout_docs": 5, "min_vocab_fraction": 0.1, "max_fertility": 20},
-           "shards": {"seq_len": 16, "workers": 1}, "tracking": {"experiment": "flowtest"}}
+           "shards": {"seq_len": 16, "workers": 1}, "tracking": {"experiment": "flowtest"},
+           "pretrain": {"model": {"size": "tiny", "max_positions": 16}, "steps": 30, "batch_size": 8,
+                        "eval_every": 30, "checkpoint_every": 30, "warmup_steps": 5},
+           "registry": {"model_name": "flowtest-model", "gates": {"min_top1_over_baseline": -1.0}}}
     f = tmp_path / "cfg.yaml"
     f.write_text(yaml.safe_dump(raw))
     return f
@@ -68,6 +71,29 @@ def test_pipeline_runs_validates_tracks_and_caches(cfg_file, prefect_harness):
 
     only = normalize_flow(config_path=str(cfg_file), force=True)
     assert [(r["stage"], r["cache_hit"]) for r in only] == [("normalize", False)]
+
+    # the registry: version 1 registered by pretrain (candidate), promoted by the gates (champion), tagged
+    client = mlflow.MlflowClient()
+    mv = client.get_model_version_by_alias("flowtest-model", "champion")
+    assert int(mv.version) == 1 and int(client.get_model_version_by_alias("flowtest-model", "candidate").version) == 1
+    assert mv.tags["gates"] == "passed" and mv.tags["pretrain_fingerprint"] == first[3]["fingerprint"]
+    assert mv.tags["format"] == "safetensors" and mv.source.endswith("model/hf")
+    assert first[3]["model_version"] == 1
+
+
+def test_fill_mask_and_registry_errors(cfg_file, prefect_harness, capsys):
+    from flows.cli import main
+    from flows.pipeline import pipeline
+    pipeline(config_path=str(cfg_file))                       # cached after the test above, or computed
+    assert main(["fill-mask", "models:/flowtest-model@champion", "The quick brown [MASK] jumps.",
+                 "--config", str(cfg_file), "--top-k", "3", "--json"]) == 0
+    import json
+    preds = json.loads(capsys.readouterr().out)
+    assert len(preds) == 1 and len(preds[0]) == 3
+    assert all(0 <= p["score"] <= 1 for p in preds[0]) and preds[0][0]["score"] >= preds[0][1]["score"]
+    assert main(["fill-mask", "models:/no-such-model@champion", "a [MASK] b", "--config", str(cfg_file)]) == 2
+    err = capsys.readouterr().err
+    assert "not found in the registry" in err and "registered models: flowtest-model" in err
 
 
 def test_validation_failure_fails_stage_and_skips_downstream(cfg_file, prefect_harness):
