@@ -244,6 +244,38 @@ def run_job(root: Path, job: str, args) -> dict:
     return res
 
 
+def _tokenizer_folder(root: Path, vocab: int) -> None:
+    from mlm_core.config import TokenizerConfig
+    from mlm_core.tokenizer.build import special_ids, train
+    tok = train(TokenizerConfig(algorithm="bpe", vocab_size=vocab), sample_texts(root, 5))
+    tdir = root / "tokenizer"
+    tdir.mkdir()
+    tok.save(str(tdir / "tokenizer.json"))
+    (tdir / "manifest.json").write_text(json.dumps({
+        "vocab_size": tok.get_vocab_size(with_added_tokens=True), "algorithm": "bpe",
+        "special_tokens": {r: {"token": t, "id": i} for r, (t, i) in special_ids("bert").items()}}))
+
+
+def rss_mode(root: Path, sizes: list[float], args) -> None:
+    """Peak RSS of our shards stage alone at several corpus sizes (streaming: it should not grow)."""
+    rows = []
+    for mb in sizes:
+        d = root / f"rss-{mb:g}MB"
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        nbytes = sum(c["bytes"] for c in write_corpus(d, mb).values())
+        _tokenizer_folder(d, args.vocab)
+        r = run_job(d, "ours", args)
+        rows.append((mb, nbytes, r))
+        print(f"  {mb:g} MB: {r['seconds']:.1f} s, peak RSS {r['peak_rss'] / 2**20:.0f} MB", flush=True)
+    print(f"\n| corpus | s | MB/s | peak RSS MB |\n|---|---:|---:|---:|")
+    for mb, nbytes, r in rows:
+        print(f"| {mb:g} MB | {r['seconds']:.1f} | {nbytes / 1e6 / r['seconds']:.2f} | {r['peak_rss'] / 2**20:.0f} |")
+    if len(rows) > 1:
+        print(f"\npeak RSS at {rows[-1][0]:g} MB / at {rows[0][0]:g} MB = "
+              f"{rows[-1][2]['peak_rss'] / rows[0][2]['peak_rss']:.2f}   target: flat (about 1)")
+
+
 # ----------------------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -254,9 +286,14 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="processes for (a) and num_proc for (c)")
     ap.add_argument("--repeat", type=int, default=1, help="run each job this many times (interleaved), keep the best")
     ap.add_argument("--skip-train-speed", action="store_true", help="skip the tokenizer training-speed table")
+    ap.add_argument("--rss-sizes", help="flat-memory mode: comma-separated MB sizes (e.g. 100,1000); runs only (a) "
+                    "at each size and prints its peak RSS (target: flat)")
     ap.add_argument("--job", choices=["ours", "ours3", "encode", "hf"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     root = Path(args.out).resolve()
+    if args.rss_sizes and not args.job:
+        rss_mode(root, [float(x) for x in args.rss_sizes.split(",")], args)
+        return
 
     if args.job:
         res = {"ours": lambda: job_ours(root, args.seq_len, args.workers),
