@@ -114,6 +114,16 @@ def test_cli_help_is_fast_and_imports_nothing_heavy():
     assert float(secs) < 1.0
 
 
+def test_cli_surface_is_frozen():
+    """The commands users and scripts rely on; changing them is a deliberate, visible act."""
+    from flows.cli import build_parser
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert sorted(sub.choices) == sorted(["run", "status", "stats", "fill-mask", "evaluate", "audit", "config",
+                                          "serve", "deploy"])
+    run_opts = {o for a in sub.choices["run"]._actions for o in a.option_strings}
+    assert {"--only", "--from", "--force", "--set"} <= run_opts
+
+
 def test_cli_config_validate_and_errors(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "flows.cli", "config", "validate", "configs/demo.yaml",
                          "--set", "normalize.min_chars=3"], capture_output=True, text=True, cwd=REPO)

@@ -88,6 +88,16 @@ def test_shipped_suite_loads_completely():
     assert len(suite.expectations) == len(raw["expectations"]) > 10
 
 
+def test_every_stage_has_a_suite_that_loads_completely():
+    from mlm_core.stages import STAGES
+    import tasks.contracts  # noqa: F401  (registers the table providers)
+    for stage in STAGES:
+        suite, raw = v.load_suite(v.SCHEMAS_DIR / f"{stage}.suite.json")
+        assert len(suite.expectations) == len(raw["expectations"]) >= 3, stage
+        assert stage in v.TABLES, f"no table provider for {stage}"
+        assert {e["meta"]["table"] for e in raw["expectations"]}, stage
+
+
 def test_missing_suite_parameter_is_a_suite_error(tmp_path):
     raw = json.loads((v.SCHEMAS_DIR / "normalize.suite.json").read_text())
     raw["expectations"][0]["kwargs"] = {"column_set": {"$PARAMETER": "no_such_parameter"}}
