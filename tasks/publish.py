@@ -88,7 +88,10 @@ TABLES: dict[str, Callable[[Artifact], list[dict]]] = {
 
 
 def plots(stage: str, art: Artifact, dest) -> list:
-    """Figures for a stage (PNG files under ``dest``); shards: natural vs sampled language shares by α."""
+    """Figures for a stage: shards draws natural vs sampled language shares by α (PNG under ``dest``);
+    evaluate already wrote its reliability diagrams."""
+    if stage == "evaluate":
+        return [p for p in [art.path / "reliability.png"] if p.exists()]
     if stage != "shards":
         return []
     from pathlib import Path

@@ -36,6 +36,11 @@ def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | 
     A model already registered for this fingerprint is not registered twice (a cached rerun)."""
     if not tracker.enabled or run_id is None:
         return None
+    history = art.path / "metrics.jsonl"
+    if history.exists():   # the training curves (every log_every steps, and each validation pass), step-indexed
+        import json
+        records = [json.loads(line) for line in history.read_text(encoding="utf-8").splitlines() if line.strip()]
+        tracker.log_history(run_id, records)
     name = lc.config.registry.model_name
     existing = _version_for(tracker, name, art.fingerprint)
     if existing is not None:

@@ -311,6 +311,21 @@ class Tracker:
         for chunk in _chunks([Metric(k, v, ts, 0) for k, v in (metrics or {}).items()], MAX_METRICS_PER_BATCH):
             self.client.log_batch(run_id, metrics=chunk)
 
+    def log_history(self, run_id: str | None, records: list[dict], step_key: str = "step") -> int:
+        """Step-indexed metric curves (e.g. a training's metrics.jsonl) on a run; returns the points logged."""
+        if not self.enabled or run_id is None:
+            return 0
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        points = [Metric(_key(f"train.{k}" if r.get("type", "train") == "train" else k), float(v), ts, int(r[step_key]))
+                  for r in records if step_key in r
+                  for k, v in r.items() if k not in (step_key, "type") and isinstance(v, numbers.Real)
+                  and not isinstance(v, bool)]
+        for chunk in _chunks(points, MAX_METRICS_PER_BATCH):
+            self.client.log_batch(run_id, metrics=chunk)
+        return len(points)
+
     def _create_run(self, run_name: str, tags: dict[str, str], parent: str | None) -> str:
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 

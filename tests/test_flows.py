@@ -79,6 +79,9 @@ def test_pipeline_runs_validates_tracks_and_caches(cfg_file, prefect_harness):
     assert mv.tags["gates"] == "passed" and mv.tags["pretrain_fingerprint"] == first[3]["fingerprint"]
     assert mv.tags["format"] == "safetensors" and mv.source.endswith("model/hf")
     assert first[3]["model_version"] == 1
+    pre = next(c for c in children if c.data.tags["stage"] == "pretrain")
+    curve = client.get_metric_history(pre.info.run_id, "train.loss")
+    assert len(curve) >= 2 and curve[-1].step == 30          # the training curve, step-indexed
 
 
 def test_fill_mask_and_registry_errors(cfg_file, prefect_harness, capsys):
