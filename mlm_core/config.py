@@ -82,7 +82,8 @@ class NormalizeConfig(Section):
         default=0.05, ge=0, le=1, description="The stage fails (naming the worst files) when quarantined/records exceeds this.")
     partition_mb: int = Field(
         default=64, ge=1, description="Large files are split into partitions of about this many MiB, processed independently.")
-    workers: int = Field(default=2, ge=1, description="Processes normalizing partitions in parallel.")
+    workers: int = Field(default=2, ge=1, description="Partitions normalized in parallel (threads for text and Parquet, "
+                         "whose work runs in Arrow kernels; processes for JSONL and datasets sources).")
     memory_limit_mb: int = Field(default=1024, ge=128, description="DuckDB memory limit for the dedup/statistics pass (MiB); it spills to disk beyond.")
 
     @model_validator(mode="after")

@@ -21,7 +21,7 @@ import logging
 import multiprocessing as mp
 import shutil
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
@@ -133,8 +133,16 @@ def input_fingerprint(lc) -> list:
 
 
 def _run_partitions(parts: list[Partition], cfg, lc, parts_dir: Path) -> list[dict]:
+    """Partitions in parallel. Text and Parquet work is Arrow kernels that release the GIL, so threads
+    scale without any start-up cost (measured: 2.5 s vs 2.8 s for 100 MB, equal at 1 GB, versus
+    processes); JSONL parsing is Python per line (GIL-bound), so JSONL sources use worker processes,
+    and only when there are tens of MB to share (a worker costs ~1 s to start)."""
     args = [(p, cfg.model_dump(), lc.config.scripts_for(p.lang), str(parts_dir)) for p in parts]
-    # a worker process costs ~1 s to start (imports): only worth it for inputs of tens of MB
+    if cfg.workers <= 1 or len(parts) <= 1:
+        return [_process_partition(*a) for a in args]
+    if not any(p.fmt in ("jsonl", "dataset") for p in parts):
+        with ThreadPoolExecutor(min(cfg.workers, len(parts))) as ex:
+            return list(ex.map(lambda a: _process_partition(*a), args))
     total = sum(max(p.end - p.start, 0) if p.fmt in ("text", "jsonl") and p.end >= 0 else PARALLEL_MIN_BYTES
                 for p in parts)
     workers = min(cfg.workers, len(parts), max(1, total // PARALLEL_MIN_BYTES))
