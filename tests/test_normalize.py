@@ -231,3 +231,12 @@ def test_real_shared_text(tmp_path, shared_data):
     art = run(tmp_path, srcs, workers=2)
     check_invariant(art)
     assert all(s["docs"] > 100 for s in art.manifest["languages"].values())
+
+
+def test_clean_whitespace_and_script_ratio_units():
+    from mlm_core.normalize.text import clean, script_ratio
+    raw = ["a\u00a0b", "a \u3000 b", "a\tb\r\n", "a  b", "a b", " \u2028lead and trail\u2029 ", "x\u200by", "Ｆｕｌｌ"]
+    out = clean(pa.array(raw), "NFC", False).to_pylist()
+    assert out == ["a b", "a b", "a b", "a b", "a b", "lead and trail", "xy", "Ｆｕｌｌ"]
+    r = script_ratio(pa.array(["Привет мир", "Привет world", "hello, 123!", "123 !?"]), ["Cyrillic"])
+    assert list(r) == [1.0, 6 / 11, 0.0, 1.0]     # letters only: 6 Cyrillic of 11

@@ -94,7 +94,7 @@ def _process_partition(part: Partition, cfg_dict: dict, scripts: list[str], part
                         "text": cleaned.filter(pa.array(keep)), "n_chars": pa.array(n_chars[keep], pa.int32())})
         tbl = con.sql("SELECT doc_id, lang, text, n_chars, md5(text) AS hash FROM tbl").to_arrow_table().cast(DOC_SCHEMA)
         if writer is None:
-            writer = pq.ParquetWriter(docs_path, DOC_SCHEMA, compression="zstd")
+            writer = pq.ParquetWriter(docs_path, DOC_SCHEMA, compression="none")  # temporary part: speed over size
         writer.write_table(tbl)
         kept += len(tbl)
     if writer is not None:
