@@ -142,10 +142,13 @@ def _gx():
         if not _STATE:
             os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
             import great_expectations as gx
+            for name in [n for n in logging.root.manager.loggerDict if n.startswith("great_expectations")]:
+                logging.getLogger(name).setLevel(logging.WARNING)
             from great_expectations.data_context.types.base import ProgressBarsConfig
 
-            logging.getLogger("great_expectations").setLevel(logging.WARNING)  # GE resets it on import
-            ctx = gx.get_context(mode="ephemeral")
+            ctx = gx.get_context(mode="ephemeral")   # logs its temporary docs folder at INFO: keep it quiet
+            for name in [n for n in logging.root.manager.loggerDict if n.startswith("great_expectations")]:
+                logging.getLogger(name).setLevel(logging.WARNING)
             ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
             _STATE.update(gx=gx, ctx=ctx, ds=ctx.data_sources.add_pandas(name="mlm"), batch_defs={})
         return _STATE["gx"], _STATE["ds"]
