@@ -75,9 +75,9 @@ def _pretrain_section(lc: LoadedConfig) -> dict:
     return {"pretrain": lc.config.pretrain.model_dump(mode="json", exclude={"log_every"}), "seed": lc.config.seed}
 
 
-def _run_pretrain(lc, upstream, out_dir):
+def _run_pretrain(lc, upstream, out_dir, metrics_cb=None):
     from mlm_core.train.stage import run_pretrain
-    return run_pretrain(lc, upstream, out_dir)
+    return run_pretrain(lc, upstream, out_dir, metrics_cb=metrics_cb)
 
 
 def _file_stats(lc: LoadedConfig, paths) -> list:
@@ -211,8 +211,11 @@ def select(plans: dict[str, StagePlan], only: str | None = None, from_: str | No
 
 def execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: bool = False,
             check: Callable[[Path, dict], None] | None = None,
-            store: StageStore | None = None) -> tuple[Artifact, bool]:
-    """Run one stage unless its output is complete (and not forced). Returns (artifact, cache_hit)."""
+            store: StageStore | None = None, hooks: dict | None = None) -> tuple[Artifact, bool]:
+    """Run one stage unless its output is complete (and not forced). Returns (artifact, cache_hit).
+
+    ``hooks``: optional callbacks passed to the stage function by name (e.g. ``metrics_cb`` for pretrain,
+    called with each training metrics record so the caller can stream them to a tracker)."""
     store = store or StageStore(lc.workdir)
     spec, p = STAGES[name], plans[name]
     if not force and store.is_complete(name, p.fingerprint):
@@ -225,5 +228,6 @@ def execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: boo
         upstream[u] = store.load(u, ufp)
     base = {"config": p.config, "upstream": p.upstream, "version": spec.version}
     log.info("%s: running (%s)", name, p.fingerprint)
-    art = store.write(name, p.fingerprint, lambda out: spec.run(lc, upstream, out), base, check=check)
+    art = store.write(name, p.fingerprint, lambda out: spec.run(lc, upstream, out, **(hooks or {})), base,
+                      check=check)
     return art, False

@@ -37,7 +37,8 @@ def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | 
     if not tracker.enabled or run_id is None:
         return None
     history = art.path / "metrics.jsonl"
-    if history.exists():   # the training curves (every log_every steps, and each validation pass), step-indexed
+    streamed = tracker.client.get_metric_history(run_id, "train.loss")
+    if history.exists() and not streamed:   # a cached rerun: give its run the training curves too
         import json
         records = [json.loads(line) for line in history.read_text(encoding="utf-8").splitlines() if line.strip()]
         tracker.log_history(run_id, records)

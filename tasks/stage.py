@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 # Stage-specific steps after the stage's MLflow run is logged (e.g. registering the trained model).
 POST_LOG = {"pretrain": registry.register_pretrained, "register": registry.promote}
+# Stages whose function takes a ``metrics_cb``: their MLflow run opens first and receives the metrics live.
+STREAMS_METRICS = {"pretrain"}
 
 
 def _logger():
@@ -56,15 +58,24 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
         reports["validation"] = validate_stage(name, tmp, manifest, seed=lc.config.seed)
 
     t0 = time.time()
+    live = None
+    hooks = {}
+    if name in STREAMS_METRICS and (force or plans[name].status != "done"):
+        live = tracker.start_stage(name, plans[name].fingerprint)   # training curves appear while it trains
+        if live is not None:
+            hooks["metrics_cb"] = lambda rec: tracker.log_history(live, [rec])
     try:
-        art, hit = stages.execute(lc, name, plans, force=force, check=check, store=store)
+        art, hit = stages.execute(lc, name, plans, force=force, check=check, store=store, hooks=hooks)
     except ValidationFailed as exc:
         run_id = tracker.log_stage(name, fingerprint=plans[name].fingerprint, cache_hit=False,
                                    params=plans[name].config, metrics={},
                                    dicts={"validation/result.json": exc.report.to_json()},
-                                   tags={"validation": "failed"}, status="FAILED")
+                                   tags={"validation": "failed"}, status="FAILED", run_id=live)
         tracker.log_text(run_id, exc.report.summary_markdown(), "validation/summary.md")
         publish.stage_failed(name, plans[name].fingerprint, exc.report, tracker.run_url(run_id))
+        raise
+    except BaseException:
+        tracker.fail_stage(live)
         raise
     seconds = time.time() - t0
     report = reports.get("validation")
@@ -80,7 +91,7 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
         run_id = tracker.log_stage(
             name, fingerprint=art.fingerprint, cache_hit=hit, params=plans[name].config, metrics=metrics,
             dicts=dicts, tables=publish.stat_tables(name, art), inputs=publish.lineage(name, art, lc),
-            tags=tags, artifacts=figures, artifact_dir="plots")
+            tags=tags, artifacts=figures, artifact_dir="plots", run_id=live)
     if report is not None:
         tracker.log_text(run_id, report.summary_markdown(), "validation/summary.md")
     registered = POST_LOG[name](art, tracker, run_id, lc) if name in POST_LOG else None

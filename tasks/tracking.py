@@ -311,6 +311,17 @@ class Tracker:
         for chunk in _chunks([Metric(k, v, ts, 0) for k, v in (metrics or {}).items()], MAX_METRICS_PER_BATCH):
             self.client.log_batch(run_id, metrics=chunk)
 
+    def start_stage(self, stage: str, fingerprint: str) -> str | None:
+        """Open a stage's run before it computes (so it can stream metrics); finish it with log_stage(run_id=...)."""
+        if not self.enabled:
+            return None
+        return self._create_run(stage, {"stage": stage, "fingerprint": str(fingerprint), "cache": "miss"},
+                                parent=self._parent or _active_run_id())
+
+    def fail_stage(self, run_id: str | None) -> None:
+        if self.enabled and run_id is not None:
+            self.client.set_terminated(run_id, status="FAILED")
+
     def log_history(self, run_id: str | None, records: list[dict], step_key: str = "step") -> int:
         """Step-indexed metric curves (e.g. a training's metrics.jsonl) on a run; returns the points logged."""
         if not self.enabled or run_id is None:
@@ -360,7 +371,7 @@ class Tracker:
                   metrics: dict[str, float], artifacts: list[Path] | None = None, artifact_dir: str = "",
                   dicts: dict[str, dict] | None = None, tables: dict[str, "pandas.DataFrame"] | None = None,
                   inputs: list[dict] | None = None, tags: dict | None = None,
-                  status: str = "FINISHED") -> str | None:
+                  status: str = "FINISHED", run_id: str | None = None) -> str | None:
         """Record one stage as a finished run, nested under the parent when there is one.
 
         ``artifacts``: files or folders, each logged under ``artifact_dir/<its name>`` (a folder keeps
@@ -368,6 +379,7 @@ class Tracker:
         ``tables``: name -> DataFrame (name must end in ``.json`` or ``.parquet``).
         ``inputs``: lineage records ``{"name", "source", "digest", "context"}``; no data is read.
         If logging fails half-way the run is closed as FAILED and the error propagates.
+        ``run_id``: finish a run opened by ``start_stage`` (which streamed metrics while the stage ran).
         """
         if not self.enabled:
             return None
@@ -375,9 +387,13 @@ class Tracker:
         parent = self._parent or _active_run_id()
         all_tags = {**_tag_values(tags), "stage": stage, "fingerprint": str(fingerprint),
                     "cache": "hit" if cache_hit else "miss"}
-        run_id = self._create_run(stage, all_tags, parent=parent)
+        if run_id is None:
+            run_id = self._create_run(stage, all_tags, parent=parent)
+            tag_now = {}
+        else:
+            tag_now = all_tags
         try:
-            self._log_batch(run_id, params=flatten_params(params), metrics=_numeric_metrics(metrics))
+            self._log_batch(run_id, params=flatten_params(params), metrics=_numeric_metrics(metrics), tags=tag_now)
             for name, d in (dicts or {}).items():
                 self.client.log_dict(run_id, d, name)
             for name, df in (tables or {}).items():
