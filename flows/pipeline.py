@@ -59,6 +59,14 @@ def pipeline(config_path: ConfigPath = "configs/demo.yaml", overrides: Overrides
              from_stage: Annotated[Optional[StageName], Field(description="Rerun this stage and everything "
                                                                           "downstream of it.")] = None,
              force: Force = False) -> list[dict]:
+    """Run the whole pipeline, reusing every complete stored output.
+
+    Args:
+        config_path: Pipeline YAML file, relative to the project root (the worker's working directory).
+        overrides: Config overrides KEY.PATH=VALUE in YAML syntax, e.g. pretrain.steps=3000.
+        from_stage: Rerun this stage and everything downstream of it (empty: run what is missing).
+        force: Recompute every stage even when a complete stored output exists.
+    """
     return run_pipeline(config_path, overrides, from_stage=from_stage, force=force)
 
 
@@ -71,6 +79,13 @@ def _stage_flow(stage: str):
         return run_pipeline(config_path, overrides, only=stage, force=force)
 
     run_one.__name__ = f"{stage}_flow"
+    run_one.__doc__ = f"""{spec.summary[:1].upper()}{spec.summary[1:]}, from the stored upstream outputs.
+
+    Args:
+        config_path: Pipeline YAML file, relative to the project root (the worker's working directory).
+        overrides: Config overrides KEY.PATH=VALUE in YAML syntax, e.g. normalize.min_chars=10.
+        force: Recompute the stage even when its complete output is stored (off: reuse it).
+    """
     return flow(name=f"mlm-{stage}", description=f"{spec.summary[:1].upper()}{spec.summary[1:]}, "
                 f"from the stored upstream outputs.")(run_one)
 
