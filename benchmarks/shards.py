@@ -244,7 +244,8 @@ def run_job(root: Path, job: str, args) -> dict:
     return res
 
 
-def _tokenizer_folder(root: Path, vocab: int) -> None:
+def _tokenizer_folder(root: Path, vocab: int):
+    """Train the benchmark's byte-level BPE on a 5 MB sample; write it as a tokenizer stage folder."""
     from mlm_core.config import TokenizerConfig
     from mlm_core.tokenizer.build import special_ids, train
     tok = train(TokenizerConfig(algorithm="bpe", vocab_size=vocab), sample_texts(root, 5))
@@ -254,6 +255,7 @@ def _tokenizer_folder(root: Path, vocab: int) -> None:
     (tdir / "manifest.json").write_text(json.dumps({
         "vocab_size": tok.get_vocab_size(with_added_tokens=True), "algorithm": "bpe",
         "special_tokens": {r: {"token": t, "id": i} for r, (t, i) in special_ids("bert").items()}}))
+    return tok
 
 
 def rss_mode(root: Path, sizes: list[float], args) -> None:
@@ -311,16 +313,9 @@ def main() -> None:
     print(f"corpus: {nbytes / 1e6:.1f} MB, {sum(c['docs'] for c in corpus.values())} docs, "
           f"{len(LANGS)} languages ({', '.join(LANGS)}), written in {time.perf_counter() - t0:.1f} s")
 
-    from mlm_core.config import TokenizerConfig
-    from mlm_core.tokenizer.build import special_ids, train, train_seconds_per_mb
+    from mlm_core.tokenizer.build import train_seconds_per_mb
     t0 = time.perf_counter()
-    tok = train(TokenizerConfig(algorithm="bpe", vocab_size=args.vocab), sample_texts(root, 5))
-    tdir = root / "tokenizer"
-    tdir.mkdir()
-    tok.save(str(tdir / "tokenizer.json"))
-    (tdir / "manifest.json").write_text(json.dumps({
-        "vocab_size": tok.get_vocab_size(with_added_tokens=True), "algorithm": "bpe",
-        "special_tokens": {r: {"token": t, "id": i} for r, (t, i) in special_ids("bert").items()}}))
+    tok = _tokenizer_folder(root, args.vocab)
     print(f"tokenizer: byte-level BPE, vocab {tok.get_vocab_size()}, trained on 5 MB in {time.perf_counter() - t0:.1f} s")
 
     jobs = [("(a) ours: run_shards, workers=%d" % args.workers, "ours"),

@@ -38,9 +38,8 @@ def load_model_dir(folder: Path):
     else:
         raise FillMaskError(f"{folder}: no config.json or model.safetensors")
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    if mask is None:
-        specials = {t.content for t in tok.get_added_tokens_decoder().values()} if hasattr(tok, "get_added_tokens_decoder") else set()
-        mask = "[MASK]" if "[MASK]" in specials or tok.token_to_id("[MASK]") is not None else "<mask>"
+    if mask is None:   # BERT-style or RoBERTa-style specials
+        mask = "[MASK]" if tok.token_to_id("[MASK]") is not None else "<mask>"
     model.eval()
     return model, tok, mask
 

@@ -114,7 +114,7 @@ def _audit_inputs(lc: LoadedConfig):
 
 
 def _run_audit(lc, upstream, out_dir):
-    from mlm_core.register import run_audit_stage
+    from mlm_core.audit.stage import run_audit_stage
     return run_audit_stage(lc, upstream, out_dir)
 
 

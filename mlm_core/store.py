@@ -135,7 +135,7 @@ class StageStore:
                 pid = int(p.name.split("-")[2])
             except (IndexError, ValueError):
                 pid = -1
-            if pid > 0 and _pid_alive(pid) and pid != os.getpid():
+            if pid > 0 and pid_alive(pid) and pid != os.getpid():
                 continue
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
@@ -185,7 +185,8 @@ class StageStore:
         return self.load(stage, fp)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (a temporary folder's writer may still be working)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -87,13 +87,8 @@ TABLES: dict[str, Callable[[Artifact], list[dict]]] = {
     "evaluate": _evaluate_rows, "audit": _audit_rows, "register": _register_rows}
 
 
-def plots(stage: str, art: Artifact, dest) -> list:
-    """Figures for a stage: shards draws natural vs sampled language shares by α (PNG under ``dest``);
-    evaluate already wrote its reliability diagrams."""
-    if stage == "evaluate":
-        return [p for p in [art.path / "reliability.png"] if p.exists()]
-    if stage != "shards":
-        return []
+def _shares_plot(art: Artifact, dest) -> list:
+    """Natural vs temperature-sampled language shares for several α (PNG under ``dest``)."""
     from pathlib import Path
 
     import matplotlib
@@ -121,6 +116,18 @@ def plots(stage: str, art: Artifact, dest) -> list:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return [out]
+
+
+PLOTS: dict[str, Callable[[Artifact, object], list]] = {
+    "shards": _shares_plot,
+    "evaluate": lambda art, dest: [p for p in [art.path / "reliability.png"] if p.exists()],  # written by the stage
+}
+
+
+def plots(stage: str, art: Artifact, dest) -> list:
+    """Figure files to log with a stage's run (new ones are drawn under ``dest``)."""
+    fn = PLOTS.get(stage)
+    return fn(art, dest) if fn else []
 
 
 def table_rows(stage: str, art: Artifact) -> list[dict]:

@@ -35,6 +35,17 @@ def prefect_harness(tmp_path_factory):
         yield
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny torch ops on a shared 2-core machine: a second intra-op thread only spins (10-50x the CPU time).
+    Use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``; restored after the module."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def write_lines(path: Path, lines: list[str] | bytes, newline: str = "\n") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(lines, bytes):

@@ -49,14 +49,7 @@ class StandIn:
         return out
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matmuls: one thread is ~50x faster than two on a shared 2-core machine (no oversubscription)."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def write(path: Path, text: str) -> Path:

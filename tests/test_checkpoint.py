@@ -22,13 +22,7 @@ def shards(tmp_path_factory):
     return tiny_shards(tmp_path_factory.mktemp("tiny-ckpt"))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def last_logged(work: Path) -> int:

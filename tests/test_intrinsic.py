@@ -23,13 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 LANGS = ("en", "hi", "ru")        # Latin, Devanagari, Cyrillic
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny forward passes: on a shared 2-core machine, a second intra-op thread costs ~50x (spin waits)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -38,13 +38,7 @@ def make_rows(n: int, t: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor
     return torch.from_numpy(ids), torch.from_numpy(ws.astype(np.uint8))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Masking ops are small; on a shared 2-core box intra-op threads only spin (10x the CPU time)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -75,13 +75,7 @@ def shards(tmp_path_factory):
     return tiny_shards(tmp_path_factory.mktemp("tiny"))
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run(cfg, shard_art, out: Path, seed: int = 0, **kw) -> dict:

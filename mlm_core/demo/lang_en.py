@@ -1,7 +1,7 @@
 """English: definite noun phrases, adjective before the noun, -s agreement in the verb."""
 from __future__ import annotations
 
-from .lexicon import Frame, Token, cap
+from .lexicon import Frame, Token, realize_svo
 
 # concept -> (singular, plural)
 NOUNS = {
@@ -76,15 +76,4 @@ def _np(noun: str, pl: bool, adj: str | None) -> list[Token]:
 
 
 def realize(f: Frame) -> list[Token]:
-    if f.weather:
-        toks = list(WEATHER[f.weather])
-    else:
-        toks = _np(f.subj, f.subj_pl, f.subj_adj)
-        toks.append((VERBS[f.verb][1 if f.subj_pl else 0], "VERB"))
-        if f.obj:
-            toks += _np(f.obj, f.obj_pl, f.obj_adj)
-    if f.place:
-        toks += PLACES[f.place]
-    if f.time:
-        toks += TIMES[f.time]
-    return cap(toks) + [(".", "PUNCT")]
+    return realize_svo(f, _np, VERBS, WEATHER, PLACES, TIMES)

@@ -191,3 +191,20 @@ def cap(tokens: list[Token]) -> list[Token]:
         return tokens
     tok, tag = tokens[0]
     return [(tok[:1].upper() + tok[1:], tag)] + tokens[1:]
+
+
+def realize_svo(f: Frame, np_fn, verbs: dict, weather: dict, places: dict, times: dict) -> list[Token]:
+    """Subject-verb-object order with place and time phrases after it (English and French frames):
+    the language supplies its noun-phrase builder (agreement) and word tables."""
+    if f.weather:
+        toks = list(weather[f.weather])
+    else:
+        toks = np_fn(f.subj, f.subj_pl, f.subj_adj)
+        toks.append((verbs[f.verb][1 if f.subj_pl else 0], "VERB"))
+        if f.obj:
+            toks += np_fn(f.obj, f.obj_pl, f.obj_adj)
+    if f.place:
+        toks += places[f.place]
+    if f.time:
+        toks += times[f.time]
+    return cap(toks) + [(".", "PUNCT")]

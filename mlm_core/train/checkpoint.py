@@ -38,6 +38,7 @@ from safetensors.torch import load_file, save_file
 from mlm_core.errors import MlmError
 from mlm_core.store import sha256_file
 from mlm_core.store import fsync_dir as _fsync_dir
+from mlm_core.store import pid_alive as _pid_alive
 
 log = logging.getLogger(__name__)
 FORMAT = 1
@@ -252,16 +253,6 @@ def prune(root: Path, keep: int) -> None:
     done = sorted(p for p in root.glob("step-*") if p.is_dir())
     for old in done[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def cleanup_temporaries(root: Path) -> list[Path]:
