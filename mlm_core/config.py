@@ -175,8 +175,8 @@ class MaskingConfig(Section):
     rate_min: float = Field(default=0.10, gt=0, lt=1, description="Lowest rate for the non-constant schedules.")
     rate_max: float = Field(default=0.30, gt=0, lt=1, description="Highest rate for the non-constant schedules.")
     period: int = Field(default=1000, ge=1, description="Cyclical schedule period T (steps).")
-    span_p: float = Field(default=0.2, gt=0, lt=1, description="Span lengths ~ Geometric(span_p) (SpanBERT: 0.2, mean 1/p = 5).")
-    span_max: int = Field(default=10, ge=1, description="Span lengths are clipped at this many tokens (words when extended).")
+    span_p: float = Field(default=0.2, gt=0, lt=1, description="Span lengths in words ~ Geometric(span_p) renormalized over 1..span_max (SpanBERT: 0.2, mean 3.8 words at span_max 10).")
+    span_max: int = Field(default=10, ge=1, description="Longest span, in words: the geometric length distribution is truncated and renormalized over 1..span_max (SpanBERT: 10).")
 
     @model_validator(mode="after")
     def _parts(self) -> "MaskingConfig":

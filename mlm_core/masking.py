@@ -6,7 +6,7 @@ In:  ``input_ids`` LongTensor [B, T] (packed rows ``[CLS] doc [SEP] doc [SEP] ..
 Out: ``MaskedBatch`` (corrupted ids, labels with -100 where not selected, the selection mask, the rate used).
 
 References: BERT (Devlin et al. 2019: 15 %, 80/10/10 replacement; whole-word masking from the BERT repo),
-SpanBERT (Joshi et al. 2020: span lengths ~ Geometric(0.2) clipped at 10, measured in whole words),
+SpanBERT (Joshi et al. 2020: span lengths ~ Geometric(0.2) renormalized over 1..10 words, mean ~3.8),
 RoBERTa (dynamic masking), and masking-rate schedules (Wettig et al. 2023; Yang et al. 2023).
 
 Design choices (all vectorized torch, no Python loop over tokens or sequences):
@@ -21,13 +21,15 @@ Design choices (all vectorized torch, no Python loop over tokens or sequences):
   start or non-candidate token); each word is selected with probability p, so p of the candidate *tokens*
   are selected in expectation; words are never split.
 * span: a renewal process tiles each segment (document between specials) in word units: span lengths
-  L ~ Geometric(span_p) clipped at span_max (in words), separated by gaps of one word (zero when the rate
-  is too high for gaps). Each segment starts on a whole span or on a gap (with the stationary odds, so
-  the first words of a document are as likely selected as any), and its last span is clipped at the
-  segment's end: a span never crosses [SEP] (as SpanBERT clips at the sentence end). Each span is then
-  kept independently with probability ``p * n_candidates / tokens_covered_by_all_spans`` (per row), so the
-  expected selected-token count is ``p * n_candidates`` and kept spans are an unbiased sample of span
-  lengths (the keep decision never looks at a span's own length). Kept spans never overlap or touch
+  L ~ Geometric(span_p) truncated to 1..span_max and renormalized (in words; SpanBERT's distribution:
+  P(L = l) = p (1-p)^(l-1) / (1 - (1-p)^span_max); clipping instead would pile the tail onto span_max),
+  separated by gaps of one word (zero when the rate is too high for gaps). Each segment starts on a whole
+  span or on a gap (with the stationary odds, so the first words of a document are as likely selected as
+  any), and its last span is clipped at the segment's end: a span never crosses [SEP] (as SpanBERT clips
+  at the sentence end). Each span is then kept independently with probability
+  ``p * n_candidates / tokens_covered_by_all_spans`` (per row), so the expected selected-token count is
+  ``p * n_candidates`` and kept spans are an unbiased sample of span lengths (the keep decision never
+  looks at a span's own length). Kept spans never overlap or touch
   (with the one-word gap), so each run of selected words in the output is one span.
 * 80/10/10 is decided **per token**, also for whole words and spans (as BERT's original WWM code does).
   Random replacements are drawn uniformly from the vocabulary without special ids.
@@ -126,9 +128,15 @@ def masking_rate(cfg: MaskingConfig, step: int, total_steps: int) -> float:
     raise ValueError(f"unknown masking schedule {cfg.schedule!r}")
 
 
-def clipped_geometric_mean(p: float, max_len: int) -> float:
-    """E[min(L, max_len)] for L ~ Geometric(p) on {1, 2, ...}: sum_{k<max_len} (1-p)^k."""
-    return (1.0 - (1.0 - p) ** max_len) / p
+def span_length_cdf(p: float, max_len: int) -> list[float]:
+    """P(L <= k) for k = 1..max_len, L ~ Geometric(p) on {1, 2, ...} conditioned on L <= max_len (SpanBERT)."""
+    z = 1.0 - (1.0 - p) ** max_len
+    return [(1.0 - (1.0 - p) ** k) / z for k in range(1, max_len + 1)]
+
+
+def span_length_mean(p: float, max_len: int) -> float:
+    """E[L] of that distribution: sum_{k<max_len} P(L > k) (3.797 for SpanBERT's p = 0.2, max_len = 10)."""
+    return sum(1.0 - c for c in span_length_cdf(p, max_len)[:-1]) + 1.0
 
 
 @dataclass
@@ -165,9 +173,10 @@ class Masker:
         self._never_cpu, self._allowed_cpu = never, allowed.nonzero().squeeze(1)
         self._cache: dict[tuple, torch.Tensor] = {}
         self._seed_key = _mix_int(self.seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019)
-        self._mean_span = clipped_geometric_mean(cfg.span_p, cfg.span_max)
-        # span lengths by inverse CDF: L = 1 + #{k in 1..span_max-1 : key >= 2**24 * P(L <= k)}
-        cdf = [1.0 - (1.0 - cfg.span_p) ** k for k in range(1, cfg.span_max)]
+        self._mean_span = span_length_mean(cfg.span_p, cfg.span_max)
+        # span lengths by inverse CDF on integer keys (exact to 2**-24 and identical on every device, unlike a
+        # float log): L = 1 + #{k in 1..span_max-1 : key >= 2**24 * P(L <= k)}
+        cdf = span_length_cdf(cfg.span_p, cfg.span_max)[:-1]
         self._len_bounds_cpu = torch.tensor([_threshold(c, _SPAN_BITS) for c in cdf], dtype=torch.int64)
         pm, pr = cfg.mask_token_prob, cfg.random_token_prob
         self._act_mask, self._act_rand = _threshold(pm, _ACT_BITS), _threshold(pm + pr, _ACT_BITS)
@@ -246,9 +255,8 @@ class Masker:
         x_max = t + (n_seg + 1) * stride + 1
         m = x_max // (1 + gap) + 1                                # the tiling reaches x_max
         h = self._hash(row_key, "span", m)
-        u_len = _shr(h, 64 - _SPAN_BITS).to(torch.float32) * (2.0 ** -_SPAN_BITS)
-        length = (torch.log1p(-u_len) * (1.0 / math.log1p(-cfg.span_p))).to(torch.int64)  # trunc = floor, >= 0
-        length = length.add_(1).clamp_(max=cfg.span_max)        # Geometric(span_p) on {1, 2, ...}, clipped
+        bounds = self._const("len_bounds", dev)
+        length = torch.searchsorted(bounds, _shr(h, 64 - _SPAN_BITS), right=True).add_(1)   # 1..span_max
         cycle = length + gap
         c = cycle.cumsum(1) - length                              # span starts; the first at coordinate `gap`
         # per segment k (column k of [b, n_seg + 1]; column 0 = before the first segment): its first unit
