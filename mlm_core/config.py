@@ -133,8 +133,6 @@ class ShardsConfig(Section):
         "(packing overlaps encoding; fastest on 2 cores), >= 3 starts that many single-threaded processes.")
     empty_language: Literal["error", "drop"] = Field(
         default="error", description="A language with no documents: fail (error) or drop it with a warning (drop).")
-    verify: Literal["every_open", "once", "off"] = Field(
-        default="once", description="When readers verify shard size and sha256 against the manifest.")
 
 
 class ModelConfig(Section):
@@ -321,6 +319,11 @@ class PipelineConfig(Section):
 
     name: str = Field(default="mlm-pipeline", description="Pipeline name (used in run names).")
     workdir: str = Field(default=".mlm", description="Where every stage writes its outputs (relative to the current directory).")
+    verify: Literal["once", "always", "size"] = Field(
+        default="once", json_schema_extra={"effect": "none"},
+        description="How a stored output is checked against its manifest before it is read (upstream outputs, "
+        "cache hits, shard readers): sizes always; sha256 'once' per file (recorded in the stage folder's "
+        ".verified.json, re-hashed when a file's size or mtime changes), 'always' on every load, or never ('size').")
     seed: int = Field(default=0, description="Global seed; every stage derives its own from it.")
     sources: dict[str, LanguageSource] = Field(description="Raw text per language, keyed by ISO 639-1 code.")
     normalize: NormalizeConfig = Field(default_factory=NormalizeConfig, description="The normalize stage.")

@@ -220,12 +220,12 @@ def execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: boo
     spec, p = STAGES[name], plans[name]
     if not force and store.is_complete(name, p.fingerprint):
         log.info("%s: cached (%s)", name, p.fingerprint)
-        return store.load(name, p.fingerprint), True
+        return store.load(name, p.fingerprint, verify=lc.config.verify), True
     upstream = {}
     for u, ufp in p.upstream.items():
         if not store.is_complete(u, ufp):
             raise PlanError(f"stage {name!r} needs {u!r} output {ufp}, which is missing: run stage {u!r} first")
-        upstream[u] = store.load(u, ufp)
+        upstream[u] = store.load(u, ufp, verify=lc.config.verify)   # corrupt: CorruptOutputError
     base = {"config": p.config, "upstream": p.upstream, "version": spec.version}
     log.info("%s: running (%s)", name, p.fingerprint)
     art = store.write(name, p.fingerprint, lambda out: spec.run(lc, upstream, out, **(hooks or {})), base,

@@ -4,6 +4,14 @@ A stage writes into a temporary sibling folder (``.tmp-<fingerprint>-<pid>-<nonc
 writes ``manifest.json`` last (fsync'd), then renames the folder into place. An output is complete
 iff its manifest exists; temporary folders are never read and are cleaned up once their writer is
 gone. Reference: the completion-marker idea of datatrove and Cramming's hash-of-config data cache.
+
+A stored output is verified, not trusted: ``load(..., verify=POLICY)`` checks it against its manifest's
+file table before anyone reads it. Every file's size always; sha256 per the policy: "always" hashes
+every file on every load, "once" hashes a file once and records it in the sidecar ``.verified.json``
+(keyed by relative path: size, mtime_ns, sha256), so later loads only stat it unless it changed,
+"size" never hashes. Missing files and files the manifest does not list are problems too. Every
+problem is collected into one ``VerifyReport``; a bad one raises ``CorruptOutputError``.
+The sidecar is the store's own bookkeeping: not in the manifest, not in any fingerprint.
 """
 from __future__ import annotations
 
@@ -16,11 +24,16 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
+
+from mlm_core.errors import StageError
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+VERIFIED = ".verified.json"          # sidecar: files already hashed and found equal to the manifest
+VerifyPolicy = Literal["once", "always", "size"]
+VERIFY_POLICIES = ("once", "always", "size")
 
 
 def canonical_json(obj: Any) -> str:
@@ -43,10 +56,10 @@ def sha256_file(path: Path, bufsize: int = 8 * 2**20) -> str:
 
 
 def file_table(root: Path) -> dict[str, dict]:
-    """Size and sha256 of every file under ``root`` except the manifest, keyed by relative path."""
+    """Size and sha256 of every file under ``root`` except the store's own files, keyed by relative path."""
     out = {}
     for p in sorted(root.rglob("*")):
-        if p.is_file() and p.name != MANIFEST:
+        if p.is_file() and not _is_store_file(p.relative_to(root).as_posix()):
             out[p.relative_to(root).as_posix()] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
     return out
 
@@ -83,6 +96,116 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def _is_store_file(rel: str) -> bool:
+    """The manifest, the verification sidecar and a sidecar write left by a killed process."""
+    return rel in (MANIFEST, VERIFIED) or rel.startswith(f".{VERIFIED}.")
+
+
+@dataclass(frozen=True)
+class FileProblem:
+    """One file that does not match the manifest: kind is missing / size / sha256 / extra / manifest."""
+
+    file: str
+    kind: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.detail}"
+
+
+@dataclass
+class VerifyReport:
+    """Every problem found in one stored output (not only the first), and how much was checked."""
+
+    stage: str
+    fingerprint: str
+    path: Path
+    policy: str
+    problems: list[FileProblem] = field(default_factory=list)
+    files: int = 0
+    hashed: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def describe(self) -> str:
+        head = (f"stored output of stage '{self.stage}' (fingerprint {self.fingerprint}, {self.path}) "
+                f"does not match its manifest: {len(self.problems)} problem(s)")
+        return head + "".join(f"\n  {p}" for p in self.problems)
+
+
+class CorruptOutputError(StageError):
+    """A stored stage output whose files differ from its manifest (edited, truncated, missing or extra files)."""
+
+    def __init__(self, report: VerifyReport):
+        self.report = report
+        super().__init__(f"{report.describe()}\nrebuild it with `mlm run <config> --only {report.stage} --force`")
+
+
+def verify_files(path: Path, manifest: dict, policy: VerifyPolicy = "once", stage: str = "?",
+                 fp: str = "?") -> VerifyReport:
+    """Check the folder against ``manifest["files"]`` per ``policy``; reads no manifest-listed data unless hashing."""
+    if policy not in VERIFY_POLICIES:
+        raise ValueError(f"verify policy {policy!r}: expected one of {', '.join(VERIFY_POLICIES)}")
+    path = Path(path)
+    rep = VerifyReport(stage, fp, path, policy)
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        rep.problems.append(FileProblem(MANIFEST, "manifest", "the manifest has no 'files' table to check against"))
+        return rep
+    rep.files = len(files)
+    seen = _read_sidecar(path) if policy == "once" else {}
+    record = dict(seen)
+    for rel, want in sorted(files.items()):
+        f = path / rel
+        try:
+            st = f.stat()
+        except FileNotFoundError:
+            rep.problems.append(FileProblem(rel, "missing", "missing (listed in the manifest, not on disk)"))
+            continue
+        if st.st_size != want["bytes"]:
+            rep.problems.append(FileProblem(rel, "size", f"size mismatch: expected {want['bytes']} bytes, got "
+                                            f"{st.st_size} (truncated, appended or replaced)"))
+            continue
+        if policy == "size":
+            continue
+        mark = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": want["sha256"]}
+        if policy == "once" and seen.get(rel) == mark:
+            continue                       # hashed before, unchanged since (same size and mtime)
+        got = sha256_file(f)
+        rep.hashed += 1
+        if got != want["sha256"]:
+            record.pop(rel, None)
+            rep.problems.append(FileProblem(rel, "sha256", f"sha256 mismatch: expected {want['sha256'][:16]}..., "
+                                            f"got {got[:16]}... (the file was altered)"))
+        else:
+            record[rel] = mark
+    for p in sorted(path.rglob("*")):
+        rel = p.relative_to(path).as_posix()
+        if p.is_file() and rel not in files and not _is_store_file(rel):
+            rep.problems.append(FileProblem(rel, "extra", "unexpected extra file (not in the manifest)"))
+    record = {k: v for k, v in record.items() if k in files}
+    if policy != "size" and record != seen:
+        _write_sidecar(path, record)
+    return rep
+
+
+def _read_sidecar(path: Path) -> dict:
+    try:
+        data = json.loads((path / VERIFIED).read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}                          # absent or unreadable: everything gets hashed again
+
+
+def _write_sidecar(path: Path, record: dict) -> None:
+    try:
+        write_json_atomic(path / VERIFIED, record)
+    except OSError as exc:                 # a read-only store still verifies, it just cannot remember
+        log.debug("cannot record verification in %s: %s", path / VERIFIED, exc)
+
+
 @dataclass(frozen=True)
 class Artifact:
     """A complete stage output: where it is, what produced it, and its manifest (counts, files, versions)."""
@@ -110,10 +233,26 @@ class StageStore:
     def is_complete(self, stage: str, fp: str) -> bool:
         return (self.out_dir(stage, fp) / MANIFEST).is_file()
 
-    def load(self, stage: str, fp: str) -> Artifact:
+    def load(self, stage: str, fp: str, verify: VerifyPolicy | None = None) -> Artifact:
+        """The output's artifact; with ``verify``, checked against its manifest first (CorruptOutputError if not)."""
         d = self.out_dir(stage, fp)
         manifest = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
+        if verify is not None:
+            rep = verify_files(d, manifest, verify, stage, fp)
+            if not rep.ok:
+                raise CorruptOutputError(rep)
         return Artifact(stage, fp, d, manifest)
+
+    def verify(self, stage: str, fp: str, policy: VerifyPolicy = "always") -> VerifyReport:
+        """Report (never raise) on a complete output: every file that does not match its manifest."""
+        d = self.out_dir(stage, fp)
+        try:
+            manifest = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            rep = VerifyReport(stage, fp, d, policy)
+            rep.problems.append(FileProblem(MANIFEST, "manifest", f"unreadable manifest: {exc}"))
+            return rep
+        return verify_files(d, manifest, policy, stage, fp)
 
     def complete_outputs(self, stage: str) -> list[Artifact]:
         """Every complete output of a stage, newest first (temporary folders are skipped)."""
@@ -172,11 +311,14 @@ class StageStore:
                 raise
             write_json_atomic(tmp / MANIFEST, manifest)
             fsync_dir(tmp)
-            if final.exists():  # an identical output finished first, or an incomplete folder from tampering
-                if (final / MANIFEST).is_file():
+            if final.exists():  # an identical output finished first, a corrupt one, or an incomplete folder
+                if (final / MANIFEST).is_file() and self.verify(stage, fp, "always").ok:
                     shutil.rmtree(tmp, ignore_errors=True)
                     return self.load(stage, fp)
-                shutil.rmtree(final)
+                # a forced rebuild of a corrupt output replaces it (moved aside first: a rename is atomic)
+                old = final.parent / f".old-{fp}-{uuid.uuid4().hex[:8]}"
+                os.rename(final, old)
+                shutil.rmtree(old, ignore_errors=True)
             os.rename(tmp, final)
             fsync_dir(final.parent)
         except BaseException:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import logging
+import os
 import random
 import shutil
 from pathlib import Path
@@ -19,7 +20,7 @@ from mlm_core.configio import load_config
 from mlm_core.errors import StageError
 from mlm_core.shards import ShardDataset, ShardIntegrityError, as_hf_dataset, run_shards
 from mlm_core.shards import reader as reader_mod
-from mlm_core.store import MANIFEST, Artifact, write_json_atomic
+from mlm_core.store import MANIFEST, Artifact, file_table, write_json_atomic
 
 SENTENCES = {
     "en": ["The quick brown fox jumps over the lazy dog.", "Unbelievably, the photographers disappeared yesterday.",
@@ -115,7 +116,8 @@ def build(root: Path, kind: str = "wordpiece", docs=None, tok_art: Artifact | No
     out = root / "shards"
     out.mkdir()
     manifest = run_shards(config(root, list(docs), **shards), {"normalize": norm, "tokenizer": tok_art}, out)
-    write_json_atomic(out / MANIFEST, {**manifest, "fingerprint": "shardfp"})
+    # the file table as StageStore.write records it (readers verify every file against it)
+    write_json_atomic(out / MANIFEST, {**manifest, "fingerprint": "shardfp", "files": file_table(out)})
     return out, manifest, tok_art
 
 
@@ -325,10 +327,12 @@ def test_verify_once_per_process(built, tmp_path):
     shutil.copytree(src, path)
     ShardDataset(path, verify="once", expect_tokenizer_fingerprint=tok_art.fingerprint).close()
     f = path / m["shards"][0]["file"]
+    st = f.stat()
     data = bytearray(f.read_bytes())
     data[-1] ^= 0xFF
     f.write_bytes(bytes(data))
-    ShardDataset(path, verify="once").close()          # already verified in this process: not re-read
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))   # same size and mtime: "once" trusts its recorded hash
+    ShardDataset(path, verify="once").close()          # already verified (.verified.json): not re-read
     with pytest.raises(ShardIntegrityError, match="sha256 mismatch"):
         ShardDataset(path, verify="every_open")
 

@@ -6,15 +6,15 @@ Out: ``ShardDataset`` with per (split, lang) numpy views of input_ids / segment_
 ``get`` / ``get_batch`` returning torch tensors; ``as_hf_dataset`` returns the same files as a
 ``datasets.Dataset`` (memory-mapped, nothing converted or copied).
 
-Verification happens before the first row is read (``verify``): every manifest file must exist with
-its recorded size and sha256, and no ``*.arrow`` file may be present that the manifest does not list.
-"every_open" checks on every open; "once" once per process per (folder, manifest) (the shard folder
-is read-only output, so the memory of a successful check lives in this process, not in a marker
-file); "off" never. Sizes and stray files are checked first (cheap), then the checksums.
+Verification happens before the first row is read (``verify``), with the store's policy
+(``mlm_core.store.verify_files``): every file of the manifest's file table (the shards, ``sampling.parquet``,
+the reports) must exist with its recorded size, and no file may be present that the manifest does not
+list. sha256: "always" on every open (alias "every_open"), "once" per file (recorded in the folder's
+``.verified.json``, hashed again when the file's size or mtime changes), "size" never; "off" skips the
+check (benchmarks, tests). Every problem found is reported at once, checksums included.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -26,13 +26,11 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from mlm_core.errors import StageError
-from mlm_core.store import MANIFEST, sha256_file
+from mlm_core.store import MANIFEST, verify_files
 
 log = logging.getLogger(__name__)
-Verify = Literal["every_open", "once", "off"]
+Verify = Literal["once", "always", "size", "off", "every_open"]
 COLUMNS = ("input_ids", "segment_ids", "word_start")
-
-_VERIFIED: set[tuple[str, str]] = set()     # (resolved folder, sha256 of manifest.json) checked in this process
 
 
 class ShardIntegrityError(StageError):
@@ -52,52 +50,50 @@ def _load_manifest(source) -> tuple[Path, dict]:
     return path, manifest
 
 
-def _manifest_key(path: Path, manifest: dict) -> tuple[str, str]:
-    text = json.dumps(manifest, sort_keys=True, default=str).encode()
-    return str(path.resolve()), hashlib.sha256(text).hexdigest()
+def shard_problems(path: Path | str, manifest: dict, policy: str = "always") -> list[str]:
+    """Every problem of the folder against its manifest: file table (sizes, sha256 per policy, missing, extra
+    files of any kind) and the shard list (each shard must be in the file table with the same size and hash)."""
+    path = Path(path)
+    files = manifest.get("files")
+    if not isinstance(files, dict):                # a manifest without a file table: the shard list is all we have
+        files = {s["file"]: {"bytes": s["bytes"], "sha256": s["sha256"]} for s in manifest["shards"]}
+    rep = verify_files(path, {**manifest, "files": files}, policy,
+                       manifest.get("stage", "shards"), manifest.get("fingerprint", "?"))
+    problems = [str(p) for p in rep.problems]
+    for s in manifest["shards"]:
+        want = files.get(s["file"])
+        if want is None or (want["bytes"], want["sha256"]) != (s["bytes"], s["sha256"]):
+            problems.append(f"{s['file']}: the manifest's shard list and file table disagree (manifest edited)")
+    return problems
 
 
 def verify_shards(path: Path | str, manifest: dict, checksums: bool = True) -> None:
-    """Raise ShardIntegrityError naming the file and the problem; nothing is read beyond file metadata and bytes."""
-    path = Path(path)
-    listed = {s["file"]: s for s in manifest["shards"]}
-    problems = []
-    for rel, s in listed.items():
-        f = path / rel
-        if not f.is_file():
-            problems.append(f"{rel}: missing (listed in the manifest, not on disk)")
-        elif f.stat().st_size != s["bytes"]:
-            problems.append(f"{rel}: size mismatch: {f.stat().st_size} bytes on disk, manifest says {s['bytes']} "
-                            f"(truncated or appended)")
-    extra = sorted(p.relative_to(path).as_posix() for p in path.rglob("*.arrow")
-                   if p.relative_to(path).as_posix() not in listed)
-    problems += [f"{rel}: extra file not in the manifest" for rel in extra]
-    if not problems and checksums:
-        for rel, s in listed.items():
-            got = sha256_file(path / rel)
-            if got != s["sha256"]:
-                problems.append(f"{rel}: sha256 mismatch: {got[:16]}... on disk, manifest says {s['sha256'][:16]}... "
-                                f"(the file was altered)")
+    """Raise ShardIntegrityError listing every problem; nothing is read beyond file metadata and bytes."""
+    _raise(Path(path), shard_problems(path, manifest, "always" if checksums else "size"))
+
+
+def _raise(path: Path, problems: list[str]) -> None:
     if problems:
-        raise ShardIntegrityError(f"shard set {path} does not match its manifest:\n  " + "\n  ".join(problems))
+        raise ShardIntegrityError(f"shard set {path} does not match its manifest ({len(problems)} problem(s)):\n  "
+                                  + "\n  ".join(problems)
+                                  + "\nrebuild it with `mlm run <config> --only shards --force`")
 
 
 def check_shard_set(source, verify: Verify = "once", expect_tokenizer_fingerprint: str | None = None
                     ) -> tuple[Path, dict]:
-    """Load the manifest, check the tokenizer fingerprint, verify the files per ``verify``; returns (path, manifest)."""
+    """Load the manifest, check the tokenizer fingerprint and the files per ``verify``; returns (path, manifest)."""
     path, manifest = _load_manifest(source)
+    policy = {"every_open": "always"}.get(verify, verify)
+    if policy not in ("always", "once", "size", "off"):
+        raise ValueError(f"verify={verify!r}: expected one of always, once, size, off")
+    problems = []
     if expect_tokenizer_fingerprint is not None:
         got = manifest.get("tokenizer_fingerprint")
         if got != expect_tokenizer_fingerprint:
-            raise ShardIntegrityError(f"{path}: shard set was built with tokenizer {got}, "
-                                      f"expected {expect_tokenizer_fingerprint}")
-    if verify == "off":
-        return path, manifest
-    key = _manifest_key(path, manifest)
-    if verify == "once" and key in _VERIFIED:
-        return path, manifest
-    verify_shards(path, manifest)
-    _VERIFIED.add(key)
+            problems.append(f"shard set was built with tokenizer {got}, expected {expect_tokenizer_fingerprint}")
+    if policy != "off":
+        problems += shard_problems(path, manifest, policy)
+    _raise(path, problems)
     return path, manifest
 
 

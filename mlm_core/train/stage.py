@@ -70,7 +70,7 @@ def run_pretrain(lc, upstream: dict, out_dir: Path, *, checkpoint_dir: Path | No
     work.mkdir(parents=True, exist_ok=True)
     specials = shards.manifest["special_tokens"]
     vocab, pad = int(shards.manifest["vocab_size"]), int(specials["pad"]["id"])
-    verify = lc.config.shards.verify
+    verify = lc.config.verify
     log.info("pretrain: %s, %d steps, checkpoints in %s", cfg.objective, cfg.steps, work)
 
     world = cfg.distributed.nproc_per_node * cfg.distributed.nnodes
