@@ -171,11 +171,15 @@ def test_rows_are_packed_documents(built, kind):
             is_sep = ids[:, 1:] == sp["sep"]
             exp_seg = 1 + np.concatenate([np.zeros((len(ids), 1), int), np.cumsum(is_sep, 1)[:, :-1]], 1)
             assert (np.where(pad[:, 1:], 0, exp_seg) == seg[:, 1:]).all()
-            check_word_starts(tok, kind, expected, enc, ids, ws, sp)
+            check_word_starts(tok, kind, expected, enc, ids, ws, sp, lang)
 
 
-def check_word_starts(tok, kind, texts, enc, ids, ws, sp):
-    """Independent of Encoding.word_ids: a token belongs to the pre-token (word) whose span holds its start offset."""
+def check_word_starts(tok, kind, texts, enc, ids, ws, sp, lang):
+    """Space-delimited text: a token belongs to the pre-token whose span holds its start offset; WordPiece
+    checks this against the "##" prefix, independent of the pre-tokenizer. Chinese word starts come from ICU,
+    not from the pre-tokenizer: tests/test_words.py checks them against a human segmentation."""
+    if lang == "zh":
+        return
     exp = []
     for text, e in zip(texts, enc):
         starts = [a for _, (a, _) in tok.pre_tokenizer.pre_tokenize_str(tok.normalizer.normalize_str(text))]

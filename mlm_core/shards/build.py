@@ -18,8 +18,10 @@ Columns (each a ``fixed_size_list<_, seq_len>``):
   segment_ids  which document a position belongs to, 1..k within the row, 0 = padding. [CLS] belongs to
                segment 1 and a document's [SEP] to its document, so "attend only where segment ids are
                equal" masks attention across documents. uint8 when seq_len <= 256 (k < seq_len), else uint16.
-  word_start   uint8, 1 where a token starts a word (``Encoding.word_ids`` changes: works for WordPiece,
-               byte-level BPE and Unigram alike), 0 for [CLS]/[SEP]/[PAD]. The first token of a row that
+  word_start   uint8, 1 where a token starts a word, 0 for [CLS]/[SEP]/[PAD]. In space-delimited text a word
+               is a pre-token (``Encoding.word_ids`` changes: WordPiece, byte-level BPE and Unigram alike); in
+               runs of Han, Kana, Thai, Lao, Khmer and Myanmar, whose pre-tokens are whole clauses, the words
+               come from ICU's dictionary word-break iterator (``words.py``). The first token of a row that
                continues a document is a start too, so every word piece inside a row has a start to group on.
 
 File format: uncompressed Arrow IPC **stream** format, one record batch per file. Under ``pa.memory_map``
@@ -59,6 +61,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from mlm_core.errors import StageError
+from mlm_core.shards.words import has_no_space_script, refine_word_starts
 from mlm_core.store import sha256_file
 
 log = logging.getLogger(__name__)
@@ -141,11 +144,12 @@ def prepare_tokenizer(tok):
 
 
 def encode_texts(tok, texts: list[str], dtype: np.dtype) -> Encoded:
-    return encodings_to_arrays(tok.encode_batch(texts, add_special_tokens=False), dtype)
+    return encodings_to_arrays(tok.encode_batch(texts, add_special_tokens=False), dtype, texts)
 
 
-def encodings_to_arrays(encs: list, dtype: np.dtype) -> Encoded:
-    """Flatten a batch of Encodings (a loop per document; the per-token work is in C)."""
+def encodings_to_arrays(encs: list, dtype: np.dtype, texts: list[str]) -> Encoded:
+    """Flatten a batch of Encodings (a loop per document; the per-token work is in C). ``texts`` are the
+    encoded documents: word starts inside zh/ja/th/... runs come from ICU (``words.py``)."""
     lens = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
     total = int(lens.sum())
     ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=dtype, count=total)
@@ -159,6 +163,10 @@ def encodings_to_arrays(encs: list, dtype: np.dtype) -> Encoded:
         starts = np.cumsum(lens) - lens
         ws[starts[lens > 0]] = 1
         ws[wid < 0] = 0
+        ends = np.cumsum(lens)
+        for i, text in enumerate(texts):
+            if lens[i] and has_no_space_script(text):
+                refine_word_starts(text, encs[i].offsets, ws[ends[i] - lens[i]: ends[i]])
     return Encoded(ids, ws, lens)
 
 
@@ -466,13 +474,14 @@ def _encode_stream(tasks, workers: int, tok_file: str, tok, dtype: np.dtype):
         with ThreadPoolExecutor(1) as ex:
             pending: deque = deque()
             for lang, texts in tasks:
-                pending.append((lang, ex.submit(tok.encode_batch, texts.to_pylist(), add_special_tokens=False)))
+                batch = texts.to_pylist()
+                pending.append((lang, batch, ex.submit(tok.encode_batch, batch, add_special_tokens=False)))
                 if len(pending) >= 2:
-                    lg, fut = pending.popleft()
-                    yield lg, encodings_to_arrays(fut.result(), dtype)
+                    lg, batch, fut = pending.popleft()
+                    yield lg, encodings_to_arrays(fut.result(), dtype, batch)
             while pending:
-                lg, fut = pending.popleft()
-                yield lg, encodings_to_arrays(fut.result(), dtype)
+                lg, batch, fut = pending.popleft()
+                yield lg, encodings_to_arrays(fut.result(), dtype, batch)
         return
     ctx = mp.get_context("forkserver")
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(tok_file,)) as ex:
