@@ -8,9 +8,12 @@ eval), ``<out_dir>/checkpoints/step-*`` and a result dict (final loss, per-langu
 Loss normalisation: every micro-batch's mean loss is re-weighted by its share of the *global* batch's
 predictions (counted before the forward passes, all-reduced across ranks), so the update equals one big
 batch's mean loss: W ranks x accumulation k is the same optimizer step as 1 rank x accumulation W*k.
-ELECTRA (Clark et al., 2020): a generator ``MLMEncoder`` (width x generator_fraction) sharing the
-word embeddings; its samples replace the masked positions; the discriminator (encoder + binary head)
-predicts replaced / original on every non-pad token; loss = mlm_gen + disc_weight x bce.
+The objective (``objectives``: MLM, or ELECTRA with the model of ``mlm_core.model.electra``) builds the
+model, corrupts the input and turns a forward pass into the loss; validation lives in ``evaluator``.
+The logged "loss" (and its parts) is the mean over the steps since the previous log record.
+Every rank's random streams (dropout, masking, ELECTRA sampling) derive from (seed, rank); a rank that
+resumes from a checkpoint holding no state for it (the world size grew) derives them from
+(seed, rank, step), so new ranks neither repeat one another nor replay step 0.
 """
 from __future__ import annotations
 
@@ -29,7 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlm_core.config import PretrainConfig
+from mlm_core.model.electra import ElectraModel  # noqa: F401 - re-exported (mlm_core.train.loop.ElectraModel)
 from mlm_core.train import checkpoint as ckpt
+from mlm_core.train.evaluator import Evaluator, derive
+from mlm_core.train.objectives import objective_for, objective_of
 from mlm_core.train.optim import build_optimizer
 
 log = logging.getLogger(__name__)
@@ -39,66 +45,12 @@ _NO_EVAL = ("log_every", "eval_every", "eval_batches", "checkpoint_every", "keep
 
 
 # ------------------------------------------------------------------------------------------------ models
-class _Tied(nn.Module):
-    """Output projection onto a shared embedding table."""
-
-    def __init__(self, emb: nn.Embedding):
-        super().__init__()
-        self.emb = emb
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return F.linear(h, self.emb.weight)
-
-
-class ElectraModel(nn.Module):
-    """Generator + discriminator; the generator reads (and, when tied, predicts with) the shared embeddings
-    through a projection to its smaller width."""
-
-    def __init__(self, disc_arch, gen_arch):
-        super().__init__()
-        from mlm_core.model import MLMEncoder
-        self.disc, self.gen = MLMEncoder(disc_arch), MLMEncoder(gen_arch)
-        H, Hg = disc_arch.hidden, gen_arch.hidden
-        self.disc_head = nn.Sequential(nn.Linear(H, H), nn.GELU(), nn.Linear(H, 1))
-        emb = self.disc.tok_emb
-        self.gen.tok_emb = emb if Hg == H else nn.Sequential(emb, nn.Linear(H, Hg, bias=False))
-        if gen_arch.tie_embeddings:
-            self.gen.decoder = _Tied(emb) if Hg == H else nn.Sequential(nn.Linear(Hg, H, bias=False), _Tied(emb))
-        # the discriminator's MLM head is not trained (kept so its weights load as a plain MLMEncoder)
-        frozen = [self.disc.head_dense, self.disc.head_norm] + ([] if disc_arch.tie_embeddings else [self.disc.decoder])
-        for m in frozen:
-            m.requires_grad_(False)
-        self.disc.head_bias.requires_grad_(False)
-
-    def flops_per_token(self, seq_len: int, mask_rate: float = 0.15) -> float:
-        return self.disc.flops_per_token(seq_len, 0.0) + self.gen.flops_per_token(seq_len, mask_rate)
-
-    def forward(self, input_ids, segment_ids, labels, label_smoothing: float = 0.0,
-                sample_generator: torch.Generator | None = None) -> dict:
-        g = self.gen(input_ids, segment_ids, labels, label_smoothing)
-        sel = labels != -100
-        with torch.no_grad():
-            logits = g["logits"].detach().float()
-            u = torch.rand(logits.shape, generator=sample_generator, device=logits.device).clamp_(1e-9, 1 - 1e-9)
-            sampled = (logits - torch.log(-torch.log(u))).argmax(-1)       # Gumbel-max = a sample of softmax
-            original = torch.where(sel, labels, input_ids)
-            corrupted = input_ids.masked_scatter(sel, sampled)
-            real = segment_ids != 0
-            target = (corrupted != original)[real].float()
-        d = self.disc_head(self.disc.encode(corrupted, segment_ids)[real]).squeeze(-1).float()
-        bce = F.binary_cross_entropy_with_logits(d, target)
-        return {"loss": g["loss"], "logits": g["logits"], "n_predictions": g["n_predictions"], "disc_loss": bce,
-                "n_disc": int(target.numel()), "disc_correct": ((d > 0) == (target > 0.5)).sum()}
-
-
-def build_model(cfg: PretrainConfig, vocab_size: int, pad_id: int) -> tuple[nn.Module, dict]:
-    """(model, arch dict) for cfg.objective; seed torch before calling for a reproducible init."""
-    from mlm_core.model import MLMEncoder, resolve_arch
-    disc = resolve_arch(cfg.model, vocab_size, pad_id)
-    if cfg.objective == "mlm":
-        return MLMEncoder(disc), disc.to_dict()
-    gen = resolve_arch(cfg.model, vocab_size, pad_id, scale=cfg.electra.generator_fraction)
-    return ElectraModel(disc, gen), {"discriminator": disc.to_dict(), "generator": gen.to_dict()}
+def build_model(cfg: PretrainConfig, vocab_size: int, pad_id: int,
+                special_ids: list[int] | None = None) -> tuple[nn.Module, dict]:
+    """(model, arch dict) for cfg.objective; seed torch before calling for a reproducible init.
+    ``special_ids``: ids an ELECTRA generator's sample may never produce (pad always excluded)."""
+    core = objective_for(cfg).build(vocab_size, pad_id, special_ids)
+    return core, objective_for(cfg).arch(core)
 
 
 def train_fingerprint(cfg: PretrainConfig, seed: int) -> str:
@@ -107,8 +59,19 @@ def train_fingerprint(cfg: PretrainConfig, seed: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-def _derive(*words: int) -> int:
-    return int(np.random.SeedSequence([int(w) % 2**63 for w in words]).generate_state(1, np.uint64)[0] % 2**62)
+_derive = derive
+
+
+def seed_streams(gens: dict[str, torch.Generator], seed: int, rank: int, step: int | None = None) -> None:
+    """Seed this rank's dropout (global torch RNG) and the loop's own generators from (seed, rank[, step]).
+
+    step None: a fresh start. A step: a rank resuming without a stored state (world size grew), which
+    must neither share streams with another new rank nor replay its own stream from step 0."""
+    extra = () if step is None else (int(step), 7)
+    torch.manual_seed(_derive(seed, rank, 2, *extra))
+    for name, word in (("mask", 1), ("sample", 3)):
+        if name in gens:
+            gens[name].manual_seed(_derive(seed, rank, word, *extra))
 
 
 def resolve_device(cfg: PretrainConfig, local_rank: int = 0) -> torch.device:
@@ -160,73 +123,6 @@ class Progress:
     def close(self) -> None:
         if self.on:
             sys.stderr.write("\n")
-
-
-def unigram_top(ds, langs: list[str], specials: list[int], vocab_size: int, max_rows: int = 2048) -> dict[str, int]:
-    """Per language, the most frequent non-special training token id (the unigram baseline's prediction)."""
-    top = {}
-    for lang in langs:
-        ids = ds.columns("train", lang)["input_ids"]
-        counts = np.bincount(np.asarray(ids.take(np.arange(min(len(ids), max_rows)))).reshape(-1),
-                             minlength=vocab_size)
-        counts[specials] = 0
-        top[lang] = int(counts.argmax())
-    return top
-
-
-class Evaluator:
-    """Fixed validation batches per language, masked once with a fixed seed so every pass is comparable."""
-
-    def __init__(self, cfg: PretrainConfig, ds, masker_cls, vocab: int, specials: dict, seed: int):
-        fixed = cfg.masking.model_copy(update={"mode": "dynamic", "schedule": "constant"})
-        masker = masker_cls(fixed, vocab, sorted(specials.values()), specials["mask"], seed, 1,
-                            unk_id=specials.get("unk"))
-        langs = ds.languages("validation")
-        self.top = unigram_top(ds, [lg for lg in langs if lg in ds.languages("train")],
-                               sorted(specials.values()), vocab)
-        self.batches: dict[str, list] = {}
-        B = cfg.batch_size
-        for i, lang in enumerate(langs):
-            n = len(ds.columns("validation", lang)["input_ids"])
-            if n == 0 or lang not in self.top:
-                continue
-            g = torch.Generator().manual_seed(_derive(seed, 17, i))
-            idx = np.arange(B * cfg.eval_batches) % n
-            out = []
-            for k in range(cfg.eval_batches):
-                b = ds.get_batch("validation", lang, idx[k * B:(k + 1) * B])
-                m = masker(b["input_ids"], b["word_start"], 0, generator=g)
-                out.append((m.input_ids, b["segment_ids"].to(torch.int32), m.labels))
-            self.batches[lang] = out
-        self.seed = seed
-
-    @torch.no_grad()
-    def __call__(self, model: nn.Module, device: torch.device, precision: str) -> dict[str, dict]:
-        was = model.training
-        model.eval()
-        res = {}
-        for i, (lang, batches) in enumerate(self.batches.items()):
-            sg = torch.Generator(device=device).manual_seed(_derive(self.seed, 23, i))
-            loss = correct = base = n = dcorrect = dn = 0.0
-            for ids, seg, labels in batches:
-                ids, seg, labels = ids.to(device), seg.to(device), labels.to(device)
-                kw = {"sample_generator": sg} if isinstance(_core(model), ElectraModel) else {}
-                with autocast(device, precision):
-                    out = model(ids, seg, labels, 0.0, **kw)
-                y = labels[labels != -100]
-                logits = out["logits"].float()
-                loss += float(F.cross_entropy(logits, y, reduction="sum")) if len(y) else 0.0
-                correct += float((logits.argmax(-1) == y).sum())
-                base += float((y == self.top[lang]).sum())
-                n += len(y)
-                if "disc_correct" in out:
-                    dcorrect, dn = dcorrect + float(out["disc_correct"]), dn + out["n_disc"]
-            r = {"loss": loss / max(n, 1), "acc": correct / max(n, 1), "baseline_acc": base / max(n, 1), "n": int(n)}
-            if dn:
-                r["disc_acc"] = dcorrect / dn
-            res[lang] = r
-        model.train(was)
-        return res
 
 
 def _core(model: nn.Module) -> nn.Module:
@@ -290,7 +186,7 @@ def _latest(root: Path, rank: int):
     return ckpt.find_latest(root)
 
 
-def _restore(found, arch: dict, fp: str, rank: int, *, core, opt, sched, gens, sampler) -> dict:
+def _restore(found, arch: dict, fp: str, rank: int, *, core, opt, sched, gens, sampler, seed: int = 0) -> dict:
     """Load the checkpoint into model/optimizer/scheduler/RNGs/sampler; returns its counters."""
     path, meta = found
     ckpt.check_arch(path, meta, arch)
@@ -299,6 +195,8 @@ def _restore(found, arch: dict, fp: str, rank: int, *, core, opt, sched, gens, s
                     path, meta.get("config_fingerprint"), fp)
     st = ckpt.load_checkpoint(path, meta, model=core, optimizer=opt, scheduler=sched, generators=gens, rank=rank)
     sampler.load_state_dict(st["sampler"])
+    if not st.get("rng_restored", True):
+        seed_streams(gens, seed, rank, int(st["state"]["step"]))
     if rank == 0:
         log.info("resumed from %s (step %d)", path, st["state"]["step"])
     return st["state"]
@@ -312,6 +210,7 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     """Train ``model`` on ``data`` (a ShardDataset) to ``cfg.steps`` (or ``stop_after``); see the module docstring."""
     from mlm_core.masking import Masker
     from mlm_core.train.distributed import all_reduce_sum, wrap_model
+    from mlm_core.train.signals import interrupted, should_stop
 
     out_dir, ckpt_root = Path(out_dir), Path(out_dir) / "checkpoints"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -430,6 +329,8 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
                                                    for k, v in r.items() if k != "n"}})
         if step % cfg.checkpoint_every == 0 or step == end:
             last_ckpt = save(step)
+        if step < end and should_stop(world_size, device):  # SIGTERM/SIGINT: checkpoint at this boundary, stop
+            raise interrupted(step, last_ckpt if step % cfg.checkpoint_every == 0 else save(step))
     progress.close()
     if last_ckpt is None and found:                 # resumed an already finished run: nothing trained now
         last_ckpt = found[0]

@@ -1,0 +1,114 @@
+"""Graceful stop on SIGTERM / SIGINT: checkpoint at the next step boundary, then exit non-zero.
+
+Preemptible schedulers (Slurm, Kubernetes, spot instances) send SIGTERM and kill a grace period later
+(Kubernetes: 30 s by default). So: the CLI / the torchrun worker ``install()`` a handler that only sets a flag;
+the training loop asks ``should_stop()`` at every step boundary, saves a checkpoint and raises
+``Interrupted``. Bound: the user waits at most one optimizer step + one checkpoint write (+ one evaluation
+pass when the step was an eval step). A rerun resumes from that checkpoint.
+
+Outside training (``graceful()`` not active) the first signal acts at once: SIGINT raises
+``KeyboardInterrupt`` as usual and SIGTERM raises ``Interrupted``, so normalize or the tokenizer stop
+immediately (their outputs are atomic: nothing half-written becomes complete). A second signal during
+training also acts at once, for an operator who does not want to wait for the checkpoint.
+
+Distributed: every rank gets the signal (torchrun forwards it), but maybe not before the same step, so
+``should_stop`` takes the max of the flag over ranks (one tiny all-reduce per step) and all ranks stop at
+the same step boundary.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from typing import Iterator
+
+from mlm_core.errors import MlmError
+
+log = logging.getLogger(__name__)
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+_flag = threading.Event()
+_state = {"signum": 0, "at": 0.0, "graceful": 0, "installed": False}
+
+
+class Interrupted(MlmError):
+    """The run was stopped by a signal; training saved a checkpoint first. ``exit_code`` = 128 + signal."""
+
+    def __init__(self, msg: str, signum: int = signal.SIGTERM):
+        super().__init__(msg)
+        self.signum = int(signum)
+        self.exit_code = 128 + int(signum)
+
+
+def _name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _handler(signum, frame) -> None:
+    first = not _flag.is_set()
+    _state["signum"], _state["at"] = signum, _state["at"] or time.monotonic()
+    _flag.set()
+    if first and _state["graceful"] > 0:
+        log.warning("%s received: saving a checkpoint at the next step boundary, then stopping "
+                    "(send it again to stop at once)", _name(signum))
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Interrupted(f"stopped by {_name(signum)}", signum)
+
+
+def install() -> None:
+    """Install the handler for SIGTERM and SIGINT (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s in SIGNALS:
+        signal.signal(s, _handler)
+    _state["installed"] = True
+
+
+def reset() -> None:
+    """Forget a received signal (tests; a new run in the same process)."""
+    _flag.clear()
+    _state.update(signum=0, at=0.0)
+
+
+def requested() -> int:
+    """The signal number received (0 if none)."""
+    return int(_state["signum"]) if _flag.is_set() else 0
+
+
+@contextlib.contextmanager
+def graceful() -> Iterator[None]:
+    """Within this block the first signal only sets the flag (the training loop checkpoints and stops)."""
+    _state["graceful"] += 1
+    try:
+        yield
+    finally:
+        _state["graceful"] -= 1
+
+
+def should_stop(world_size: int = 1, device=None) -> bool:
+    """Whether to stop at this step boundary; the same answer on every rank (max over ranks)."""
+    if world_size <= 1:
+        return _flag.is_set()
+    import torch
+
+    from mlm_core.train.distributed import all_reduce_sum
+    flag = torch.tensor([1.0 if _flag.is_set() else 0.0], dtype=torch.float64)
+    return bool(all_reduce_sum(flag, world_size, device or torch.device("cpu")).item() > 0)
+
+
+def interrupted(step: int, checkpoint) -> Interrupted:
+    """The error the loop raises after saving ``checkpoint`` at ``step``."""
+    signum = _state["signum"] or signal.SIGTERM
+    waited = time.monotonic() - _state["at"] if _state["at"] else 0.0
+    return Interrupted(f"pretrain: stopped by {_name(signum)} at step {step} ({waited:.1f} s after the signal); "
+                       f"checkpoint saved in {checkpoint}: rerun the same command to resume", signum)
+
+
+__all__ = ["Interrupted", "install", "reset", "requested", "graceful", "should_stop", "interrupted"]
