@@ -5,11 +5,23 @@ Every field carries a description (with its unit) because it feeds the JSON Sche
 ``schemas/config.schema.json`` and the Prefect UI form. Unknown keys are errors naming the
 full key path and the closest valid key (see ``mlm_core.configio``).
 
+Every leaf field declares what a change to it does, in ``json_schema_extra={"effect": E}`` (shown in
+docs/CONFIG.md and the JSON Schema). ``mlm_core.stages`` derives every stage fingerprint, and
+``mlm_core.train`` the training-trajectory key, from these markers alone:
+
+  output     changes the stage's output (pretrain: the trained weights): in the fingerprint and the trajectory
+  report     changes only what the stage reports (pretrain: validation cadence): in the fingerprint, not the
+             trajectory, so training resumes from its checkpoints
+  threshold  a data-contract threshold: in no fingerprint; a change re-validates the stored output
+  none       speed / operations only: in no fingerprint
+A field holding a section (or a dict/list/optional of sections) carries no marker: its own fields do.
+
 This module is a leaf: it imports nothing from the rest of the project except the language table.
 """
 from __future__ import annotations
 
-from typing import Literal
+import typing
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -25,13 +37,18 @@ class Section(BaseModel):
 class DatasetSource(Section):
     """A Hugging Face `datasets` source, read in streaming mode (never downloaded whole to memory)."""
 
-    name: str = Field(description="Dataset name on the hub, or a builder such as 'json', 'text', 'parquet' for local files.")
-    config: str | None = Field(default=None, description="Dataset configuration (subset) name, e.g. 'en' or '20231101.fr'.")
-    split: str = Field(default="train", description="Split to read.")
+    name: str = Field(description="Dataset name on the hub, or a builder such as 'json', 'text', 'parquet' for local files.",
+        json_schema_extra={"effect": "output"})
+    config: str | None = Field(default=None, description="Dataset configuration (subset) name, e.g. 'en' or '20231101.fr'.",
+        json_schema_extra={"effect": "output"})
+    split: str = Field(default="train", description="Split to read.", json_schema_extra={"effect": "output"})
     data_files: list[str] | None = Field(
-        default=None, description="Files for builder datasets ('json', 'text', 'parquet'); relative to the config file.")
-    revision: str | None = Field(default=None, description="Hub revision (commit, tag or branch) to pin the data.")
-    max_records: int | None = Field(default=None, ge=1, description="Read at most this many records (None = all).")
+        default=None, description="Files for builder datasets ('json', 'text', 'parquet'); relative to the config file.",
+        json_schema_extra={"effect": "output"})
+    revision: str | None = Field(default=None, description="Hub revision (commit, tag or branch) to pin the data.",
+        json_schema_extra={"effect": "output"})
+    max_records: int | None = Field(default=None, ge=1, description="Read at most this many records (None = all).",
+        json_schema_extra={"effect": "output"})
 
 
 class LanguageSource(Section):
@@ -40,14 +57,16 @@ class LanguageSource(Section):
     paths: list[str] = Field(
         default_factory=list,
         description="Files or globs (text: one document per line; .jsonl; .parquet; optionally .gz), "
-        "relative to the config file.")
+        "relative to the config file.", json_schema_extra={"effect": "output"})
     format: Literal["auto", "text", "jsonl", "parquet"] = Field(
-        default="auto", description="File format; 'auto' decides by extension (.txt/.jsonl/.json/.parquet, plus .gz).")
-    text_field: str = Field(default="text", description="Field holding the text in JSONL/Parquet/datasets records.")
+        default="auto", description="File format; 'auto' decides by extension (.txt/.jsonl/.json/.parquet, plus .gz).",
+        json_schema_extra={"effect": "output"})
+    text_field: str = Field(default="text", description="Field holding the text in JSONL/Parquet/datasets records.",
+        json_schema_extra={"effect": "output"})
     dataset: DatasetSource | None = Field(default=None, description="A `datasets` source instead of local files.")
     scripts: list[str] | None = Field(
         default=None, description="Unicode scripts this language is written in (overrides the built-in table), "
-        "e.g. ['Latin'].")
+        "e.g. ['Latin'].", json_schema_extra={"effect": "output"})
 
     @model_validator(mode="after")
     def _one_kind(self) -> "LanguageSource":
@@ -64,27 +83,39 @@ class NormalizeConfig(Section):
     """Unicode normalization, cleaning, filtering and exact deduplication of the raw corpus."""
 
     unicode_form: Literal["NFC", "NFKC"] = Field(
-        default="NFKC", description="Unicode normalization form. NFKC folds compatibility forms (full-width letters, ligatures).")
-    lowercase: bool = Field(default=False, description="Lowercase the text (accents are never stripped).")
-    min_chars: int = Field(default=5, ge=1, description="Documents shorter than this (characters, after cleaning) are quarantined.")
-    max_chars: int = Field(default=100_000, ge=1, description="Documents longer than this (characters) are quarantined.")
+        default="NFKC", description="Unicode normalization form. NFKC folds compatibility forms (full-width letters, ligatures).",
+        json_schema_extra={"effect": "output"})
+    lowercase: bool = Field(default=False, description="Lowercase the text (accents are never stripped).",
+        json_schema_extra={"effect": "output"})
+    min_chars: int = Field(default=5, ge=1, description="Documents shorter than this (characters, after cleaning) are quarantined.",
+        json_schema_extra={"effect": "output"})
+    max_chars: int = Field(default=100_000, ge=1, description="Documents longer than this (characters) are quarantined.",
+        json_schema_extra={"effect": "output"})
     max_line_bytes: int = Field(
         default=16 * 2**20, ge=1024,
-        description="A raw line longer than this (bytes) is quarantined without being held in memory.")
-    script_check: bool = Field(default=True, description="Quarantine documents whose letters are mostly not in the language's scripts.")
+        description="A raw line longer than this (bytes) is quarantined without being held in memory.",
+        json_schema_extra={"effect": "output"})
+    script_check: bool = Field(default=True, description="Quarantine documents whose letters are mostly not in the language's scripts.",
+        json_schema_extra={"effect": "output"})
     min_script_ratio: float = Field(
-        default=0.5, gt=0, le=1, description="Share of letters that must be in the language's scripts (script check).")
-    dedup: bool = Field(default=True, description="Drop exact duplicates (by content hash) across the whole corpus; the first occurrence is kept.")
+        default=0.5, gt=0, le=1, description="Share of letters that must be in the language's scripts (script check).",
+        json_schema_extra={"effect": "output"})
+    dedup: bool = Field(default=True, description="Drop exact duplicates (by content hash) across the whole corpus; the first occurrence is kept.",
+        json_schema_extra={"effect": "output"})
     min_docs_per_language: int = Field(
         default=1, ge=1, description="Data contract: every language keeps at least this many documents "
-        "(checked by the normalize suite; fewer fails the stage).")
+        "(checked by the normalize suite; fewer fails the stage).", json_schema_extra={"effect": "threshold"})
     max_quarantine_rate: float = Field(
-        default=0.05, ge=0, le=1, description="The stage fails (naming the worst files) when quarantined/records exceeds this.")
+        default=0.05, ge=0, le=1, description="The stage fails (naming the worst files) when quarantined/records exceeds this.",
+        json_schema_extra={"effect": "threshold"})
     partition_mb: int = Field(
-        default=64, ge=1, description="Large files are split into partitions of about this many MiB, processed independently.")
+        default=64, ge=1, description="Large files are split into partitions of about this many MiB, processed independently.",
+        json_schema_extra={"effect": "output"})
     workers: int = Field(default=2, ge=1, description="Partitions normalized in parallel (threads for text and Parquet, "
-                         "whose work runs in Arrow kernels; processes for JSONL and datasets sources).")
-    memory_limit_mb: int = Field(default=1024, ge=128, description="DuckDB memory limit for the dedup/statistics pass (MiB); it spills to disk beyond.")
+                         "whose work runs in Arrow kernels; processes for JSONL and datasets sources).",
+        json_schema_extra={"effect": "none"})
+    memory_limit_mb: int = Field(default=1024, ge=128, description="DuckDB memory limit for the dedup/statistics pass (MiB); it spills to disk beyond.",
+        json_schema_extra={"effect": "none"})
 
     @model_validator(mode="after")
     def _bounds(self) -> "NormalizeConfig":
@@ -98,58 +129,87 @@ class TokenizerConfig(Section):
 
     algorithm: Literal["bpe", "wordpiece", "unigram"] = Field(
         default="bpe", description="bpe = byte-level BPE (RoBERTa/GPT-2 style, never emits UNK); wordpiece = BERT "
-        "style; unigram = SentencePiece/XLM-R style with Metaspace. Unigram trains ~15x slower than BPE.")
-    vocab_size: int = Field(default=8000, ge=64, le=1_000_000, description="Requested vocabulary size (tokens, specials included).")
-    min_frequency: int = Field(default=2, ge=1, description="Minimum pair/word frequency for a merge (BPE, WordPiece).")
+        "style; unigram = SentencePiece/XLM-R style with Metaspace. Unigram trains ~15x slower than BPE.",
+        json_schema_extra={"effect": "output"})
+    vocab_size: int = Field(default=8000, ge=64, le=1_000_000, description="Requested vocabulary size (tokens, specials included).",
+        json_schema_extra={"effect": "output"})
+    min_frequency: int = Field(default=2, ge=1, description="Minimum pair/word frequency for a merge (BPE, WordPiece).",
+        json_schema_extra={"effect": "output"})
     special_tokens: Literal["bert", "roberta"] = Field(
-        default="bert", description="bert: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4; roberta: <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4.")
-    lowercase: bool = Field(default=False, description="Lowercase inside the tokenizer's normalizer (NFKC is always applied; accents never stripped).")
+        default="bert", description="bert: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4; roberta: <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4.",
+        json_schema_extra={"effect": "output"})
+    lowercase: bool = Field(default=False, description="Lowercase inside the tokenizer's normalizer (NFKC is always applied; accents never stripped).",
+        json_schema_extra={"effect": "output"})
     sampling_alpha: float | None = Field(
         default=None, gt=0, le=1, description="Temperature exponent for the language-balanced training sample; "
-        "default: shards.sampling_alpha.")
-    sample_mb: float = Field(default=20.0, gt=0, description="Cap on the training sample (MB of UTF-8 text). Unigram costs ~9 s/MB on 2 cores.")
-    heldout_docs: int = Field(default=200, ge=1, description="Documents per language kept out of training to measure fertility and UNK rate.")
+        "default: shards.sampling_alpha.", json_schema_extra={"effect": "output"})
+    sample_mb: float = Field(default=20.0, gt=0, description="Cap on the training sample (MB of UTF-8 text). Unigram costs ~9 s/MB on 2 cores.",
+        json_schema_extra={"effect": "output"})
+    heldout_docs: int = Field(default=200, ge=1, description="Documents per language kept out of training to measure fertility and UNK rate.",
+        json_schema_extra={"effect": "output"})
     min_vocab_fraction: float = Field(
-        default=0.5, gt=0, le=1, description="Fail when the trained vocabulary is smaller than this fraction of vocab_size.")
-    max_unk_rate: float = Field(default=0.02, ge=0, le=1, description="Maximum share of UNK tokens on held-out text, per language.")
-    max_fertility: float = Field(default=4.0, gt=0, description="Maximum tokens per whitespace word on held-out text, per language.")
+        default=0.5, gt=0, le=1, description="Fail when the trained vocabulary is smaller than this fraction of vocab_size.",
+        json_schema_extra={"effect": "threshold"})
+    max_unk_rate: float = Field(default=0.02, ge=0, le=1, description="Maximum share of UNK tokens on held-out text, per language.",
+        json_schema_extra={"effect": "threshold"})
+    max_fertility: float = Field(default=4.0, gt=0, description="Maximum tokens per whitespace word on held-out text, per language.",
+        json_schema_extra={"effect": "threshold"})
     max_fertility_per_lang: dict[str, float] = Field(
-        default_factory=dict, description="Per-language overrides of max_fertility (e.g. zh: 8.0, languages without spaces).")
+        default_factory=dict, description="Per-language overrides of max_fertility (e.g. zh: 8.0, languages without spaces).",
+        json_schema_extra={"effect": "threshold"})
 
 
 class ShardsConfig(Section):
     """Pre-tokenized, packed Arrow IPC shards and the per-language sampling table."""
 
-    seq_len: int = Field(default=128, ge=8, le=8192, description="Tokens per packed sequence ([CLS]/[SEP] included).")
+    seq_len: int = Field(default=128, ge=8, le=8192, description="Tokens per packed sequence ([CLS]/[SEP] included).",
+        json_schema_extra={"effect": "output"})
     sampling_alpha: float = Field(
-        default=0.3, gt=0, le=1, description="Temperature exponent α: p(l) ∝ n_l^α. 1 = natural shares; 0.3 = XLM-R.")
+        default=0.3, gt=0, le=1, description="Temperature exponent α: p(l) ∝ n_l^α. 1 = natural shares; 0.3 = XLM-R.",
+        json_schema_extra={"effect": "output"})
     validation_fraction: float = Field(
-        default=0.05, gt=0, lt=0.5, description="Share of each language's documents held out for validation (by doc hash).")
-    token_budget: int = Field(default=10_000_000, ge=1, description="Planned training tokens, for the expected-epochs column of the sampling table.")
-    rows_per_shard: int = Field(default=16384, ge=1, description="Sequences per Arrow IPC shard file.")
-    batch_docs: int = Field(default=2000, ge=1, description="Documents per encode_batch call.")
+        default=0.05, gt=0, lt=0.5, description="Share of each language's documents held out for validation (by doc hash).",
+        json_schema_extra={"effect": "output"})
+    token_budget: int = Field(default=10_000_000, ge=1, description="Planned training tokens, for the expected-epochs column of the sampling table.",
+        json_schema_extra={"effect": "report"})
+    rows_per_shard: int = Field(default=16384, ge=1, description="Sequences per Arrow IPC shard file.",
+        json_schema_extra={"effect": "output"})
+    batch_docs: int = Field(default=2000, ge=1, description="Documents per encode_batch call.",
+        json_schema_extra={"effect": "none"})
     workers: int = Field(
         default=2, ge=1, description="Encoding parallelism: <= 2 encodes in-process on the tokenizer's own threads "
-        "(packing overlaps encoding; fastest on 2 cores), >= 3 starts that many single-threaded processes.")
+        "(packing overlaps encoding; fastest on 2 cores), >= 3 starts that many single-threaded processes.",
+        json_schema_extra={"effect": "none"})
     empty_language: Literal["error", "drop"] = Field(
-        default="error", description="A language with no documents: fail (error) or drop it with a warning (drop).")
+        default="error", description="A language with no documents: fail (error) or drop it with a warning (drop).",
+        json_schema_extra={"effect": "output"})
 
 
 class ModelConfig(Section):
     """Encoder architecture (BERT/RoBERTa family). A named size fills every field left unset."""
 
     size: Literal["tiny", "small", "base"] = Field(
-        default="tiny", description="Named shape (mlm_core.model.SIZES): tiny trains in seconds on CPU, base = BERT-base.")
-    layers: int | None = Field(default=None, ge=1, description="Transformer layers (default: from size).")
-    hidden: int | None = Field(default=None, ge=8, description="Hidden size (default: from size).")
-    heads: int | None = Field(default=None, ge=1, description="Attention heads; must divide hidden (default: from size).")
-    ffn: int | None = Field(default=None, ge=8, description="Feed-forward inner size (default: 4 x hidden).")
-    dropout: float = Field(default=0.1, ge=0, lt=1, description="Dropout on embeddings, attention output and FFN.")
-    max_positions: int = Field(default=512, ge=8, description="Maximum sequence length the position table covers.")
+        default="tiny", description="Named shape (mlm_core.model.SIZES): tiny trains in seconds on CPU, base = BERT-base.",
+        json_schema_extra={"effect": "output"})
+    layers: int | None = Field(default=None, ge=1, description="Transformer layers (default: from size).",
+        json_schema_extra={"effect": "output"})
+    hidden: int | None = Field(default=None, ge=8, description="Hidden size (default: from size).",
+        json_schema_extra={"effect": "output"})
+    heads: int | None = Field(default=None, ge=1, description="Attention heads; must divide hidden (default: from size).",
+        json_schema_extra={"effect": "output"})
+    ffn: int | None = Field(default=None, ge=8, description="Feed-forward inner size (default: 4 x hidden).",
+        json_schema_extra={"effect": "output"})
+    dropout: float = Field(default=0.1, ge=0, lt=1, description="Dropout on embeddings, attention output and FFN.",
+        json_schema_extra={"effect": "output"})
+    max_positions: int = Field(default=512, ge=8, description="Maximum sequence length the position table covers.",
+        json_schema_extra={"effect": "output"})
     position: Literal["learned", "sinusoidal", "rotary"] = Field(
-        default="learned", description="Position encoding. sinusoidal exports as a fixed learned table; rotary does not export to BERT.")
-    norm: Literal["post", "pre"] = Field(default="post", description="post-LN = BERT (exports); pre-LN trains more stably, no BERT export.")
-    tie_embeddings: bool = Field(default=True, description="Tie the MLM output projection to the input embeddings.")
+        default="learned", description="Position encoding. sinusoidal exports as a fixed learned table; rotary does not export to BERT.",
+        json_schema_extra={"effect": "output"})
+    norm: Literal["post", "pre"] = Field(default="post", description="post-LN = BERT (exports); pre-LN trains more stably, no BERT export.",
+        json_schema_extra={"effect": "output"})
+    tie_embeddings: bool = Field(default=True, description="Tie the MLM output projection to the input embeddings.",
+        json_schema_extra={"effect": "output"})
 
     @model_validator(mode="after")
     def _heads(self) -> "ModelConfig":
@@ -161,20 +221,31 @@ class ModelConfig(Section):
 class MaskingConfig(Section):
     """Which tokens are corrupted and how (BERT 80/10/10; token, whole-word or SpanBERT span masking)."""
 
-    strategy: Literal["token", "whole_word", "span"] = Field(default="token", description="Unit of selection.")
-    rate: float = Field(default=0.15, gt=0, lt=1, description="Selection rate p (share of non-special tokens), for the constant schedule.")
-    mask_token_prob: float = Field(default=0.8, ge=0, le=1, description="Selected tokens replaced by [MASK].")
-    random_token_prob: float = Field(default=0.1, ge=0, le=1, description="Selected tokens replaced by a random non-special token; the rest stay unchanged.")
+    strategy: Literal["token", "whole_word", "span"] = Field(default="token", description="Unit of selection.",
+        json_schema_extra={"effect": "output"})
+    rate: float = Field(default=0.15, gt=0, lt=1, description="Selection rate p (share of non-special tokens), for the constant schedule.",
+        json_schema_extra={"effect": "output"})
+    mask_token_prob: float = Field(default=0.8, ge=0, le=1, description="Selected tokens replaced by [MASK].",
+        json_schema_extra={"effect": "output"})
+    random_token_prob: float = Field(default=0.1, ge=0, le=1, description="Selected tokens replaced by a random non-special token; the rest stay unchanged.",
+        json_schema_extra={"effect": "output"})
     mode: Literal["static", "dynamic"] = Field(
-        default="dynamic", description="static: fixed per sequence (seeded by sequence id); dynamic: new each time a sequence is drawn.")
+        default="dynamic", description="static: fixed per sequence (seeded by sequence id); dynamic: new each time a sequence is drawn.",
+        json_schema_extra={"effect": "output"})
     schedule: Literal["constant", "linear", "cosine", "cyclical"] = Field(
         default="constant", description="Masking-rate schedule over training: linear/cosine go rate_max -> rate_min; "
-        "cyclical: p(t) = rate_min + (rate_max - rate_min) * |sin(2 pi t / period)|.")
-    rate_min: float = Field(default=0.10, gt=0, lt=1, description="Lowest rate for the non-constant schedules.")
-    rate_max: float = Field(default=0.30, gt=0, lt=1, description="Highest rate for the non-constant schedules.")
-    period: int = Field(default=1000, ge=1, description="Cyclical schedule period T (steps).")
-    span_p: float = Field(default=0.2, gt=0, lt=1, description="Span lengths in words ~ Geometric(span_p) renormalized over 1..span_max (SpanBERT: 0.2, mean 3.8 words at span_max 10).")
-    span_max: int = Field(default=10, ge=1, description="Longest span, in words: the geometric length distribution is truncated and renormalized over 1..span_max (SpanBERT: 10).")
+        "cyclical: p(t) = rate_min + (rate_max - rate_min) * |sin(2 pi t / period)|.",
+        json_schema_extra={"effect": "output"})
+    rate_min: float = Field(default=0.10, gt=0, lt=1, description="Lowest rate for the non-constant schedules.",
+        json_schema_extra={"effect": "output"})
+    rate_max: float = Field(default=0.30, gt=0, lt=1, description="Highest rate for the non-constant schedules.",
+        json_schema_extra={"effect": "output"})
+    period: int = Field(default=1000, ge=1, description="Cyclical schedule period T (steps).",
+        json_schema_extra={"effect": "output"})
+    span_p: float = Field(default=0.2, gt=0, lt=1, description="Span lengths in words ~ Geometric(span_p) renormalized over 1..span_max (SpanBERT: 0.2, mean 3.8 words at span_max 10).",
+        json_schema_extra={"effect": "output"})
+    span_max: int = Field(default=10, ge=1, description="Longest span, in words: the geometric length distribution is truncated and renormalized over 1..span_max (SpanBERT: 10).",
+        json_schema_extra={"effect": "output"})
 
     @model_validator(mode="after")
     def _parts(self) -> "MaskingConfig":
@@ -189,21 +260,31 @@ class MaskingConfig(Section):
 class ElectraConfig(Section):
     """ELECTRA replaced-token detection: a small MLM generator feeds a discriminator over all tokens."""
 
-    generator_fraction: float = Field(default=0.25, gt=0, le=1, description="Generator hidden/FFN size as a fraction of the discriminator's.")
-    disc_weight: float = Field(default=50.0, gt=0, description="Weight λ of the discriminator loss (ELECTRA: 50).")
+    generator_fraction: float = Field(default=0.25, gt=0, le=1, description="Generator hidden/FFN size as a fraction of the discriminator's.",
+        json_schema_extra={"effect": "output"})
+    disc_weight: float = Field(default=50.0, gt=0, description="Weight λ of the discriminator loss (ELECTRA: 50).",
+        json_schema_extra={"effect": "output"})
 
 
 class DistributedConfig(Section):
     """Multi-process training through torchrun (gloo on CPU, nccl on GPU)."""
 
-    nproc_per_node: int = Field(default=1, ge=1, description="Processes per node; 1 = run in-process without torchrun.")
-    nnodes: int = Field(default=1, ge=1, description="Nodes (multi-node uses the rendezvous below).")
-    node_rank: int = Field(default=0, ge=0, description="This node's rank (static rendezvous).")
-    rdzv_endpoint: str | None = Field(default=None, description="host:port of the rendezvous (multi-node), e.g. 10.0.0.1:29400.")
-    rdzv_backend: Literal["c10d", "static"] = Field(default="c10d", description="torchrun rendezvous backend.")
-    backend: Literal["auto", "gloo", "nccl"] = Field(default="auto", description="auto: nccl on GPU, gloo on CPU.")
-    fsdp: bool = Field(default=False, description="Shard parameters with FSDP2 (fully_shard) for models that do not fit one device.")
-    timeout_s: int = Field(default=600, ge=10, description="Collective timeout; a hung rank fails the stage after this.")
+    nproc_per_node: int = Field(default=1, ge=1, description="Processes per node; 1 = run in-process without torchrun.",
+        json_schema_extra={"effect": "output"})
+    nnodes: int = Field(default=1, ge=1, description="Nodes (multi-node uses the rendezvous below).",
+        json_schema_extra={"effect": "output"})
+    node_rank: int = Field(default=0, ge=0, description="This node's rank (static rendezvous).",
+        json_schema_extra={"effect": "none"})
+    rdzv_endpoint: str | None = Field(default=None, description="host:port of the rendezvous (multi-node), e.g. 10.0.0.1:29400.",
+        json_schema_extra={"effect": "none"})
+    rdzv_backend: Literal["c10d", "static"] = Field(default="c10d", description="torchrun rendezvous backend.",
+        json_schema_extra={"effect": "none"})
+    backend: Literal["auto", "gloo", "nccl"] = Field(default="auto", description="auto: nccl on GPU, gloo on CPU.",
+        json_schema_extra={"effect": "none"})
+    fsdp: bool = Field(default=False, description="Shard parameters with FSDP2 (fully_shard) for models that do not fit one device.",
+        json_schema_extra={"effect": "none"})
+    timeout_s: int = Field(default=600, ge=10, description="Collective timeout; a hung rank fails the stage after this.",
+        json_schema_extra={"effect": "none"})
 
 
 class PretrainConfig(Section):
@@ -211,69 +292,103 @@ class PretrainConfig(Section):
 
     model: ModelConfig = Field(default_factory=ModelConfig, description="Encoder architecture.")
     masking: MaskingConfig = Field(default_factory=MaskingConfig, description="Corruption of the input.")
-    objective: Literal["mlm", "electra"] = Field(default="mlm", description="mlm, or ELECTRA replaced-token detection.")
+    objective: Literal["mlm", "electra"] = Field(default="mlm", description="mlm, or ELECTRA replaced-token detection.",
+        json_schema_extra={"effect": "output"})
     electra: ElectraConfig = Field(default_factory=ElectraConfig, description="ELECTRA options (objective: electra).")
-    label_smoothing: float = Field(default=0.0, ge=0, lt=1, description="Label smoothing ε of the MLM cross-entropy.")
-    steps: int = Field(default=200, ge=1, description="Optimizer steps.")
-    batch_size: int = Field(default=32, ge=1, description="Sequences per micro-batch per process.")
-    grad_accum: int = Field(default=1, ge=1, description="Micro-batches accumulated per optimizer step.")
-    lr: float = Field(default=5e-4, gt=0, description="Peak learning rate (AdamW).")
-    weight_decay: float = Field(default=0.01, ge=0, description="AdamW weight decay (never on norms and biases).")
-    betas: tuple[float, float] = Field(default=(0.9, 0.98), description="AdamW betas.")
-    warmup_steps: int = Field(default=20, ge=0, description="Linear warmup steps.")
-    decay: Literal["linear", "cosine", "constant"] = Field(default="linear", description="Learning-rate decay after warmup.")
-    clip_norm: float | None = Field(default=1.0, gt=0, description="Gradient clipping max norm (None: off).")
+    label_smoothing: float = Field(default=0.0, ge=0, lt=1, description="Label smoothing ε of the MLM cross-entropy.",
+        json_schema_extra={"effect": "output"})
+    steps: int = Field(default=200, ge=1, description="Optimizer steps.", json_schema_extra={"effect": "output"})
+    batch_size: int = Field(default=32, ge=1, description="Sequences per micro-batch per process.",
+        json_schema_extra={"effect": "output"})
+    grad_accum: int = Field(default=1, ge=1, description="Micro-batches accumulated per optimizer step.",
+        json_schema_extra={"effect": "output"})
+    lr: float = Field(default=5e-4, gt=0, description="Peak learning rate (AdamW).",
+        json_schema_extra={"effect": "output"})
+    weight_decay: float = Field(default=0.01, ge=0, description="AdamW weight decay (never on norms and biases).",
+        json_schema_extra={"effect": "output"})
+    betas: tuple[float, float] = Field(default=(0.9, 0.98), description="AdamW betas.",
+        json_schema_extra={"effect": "output"})
+    warmup_steps: int = Field(default=20, ge=0, description="Linear warmup steps.",
+        json_schema_extra={"effect": "output"})
+    decay: Literal["linear", "cosine", "constant"] = Field(default="linear", description="Learning-rate decay after warmup.",
+        json_schema_extra={"effect": "output"})
+    clip_norm: float | None = Field(default=1.0, gt=0, description="Gradient clipping max norm (None: off).",
+        json_schema_extra={"effect": "output"})
     precision: Literal["auto", "fp32", "bf16"] = Field(
-        default="auto", description="auto: bf16 autocast on GPU, fp32 on CPU (bf16 matmul is ~150x slower on these CPUs).")
-    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: cuda when available.")
-    log_every: int = Field(default=10, ge=1, description="Steps between metric logs (loss, lr, masking rate, tokens/s, MFU).")
-    eval_every: int = Field(default=100, ge=1, description="Steps between per-language validation passes.")
-    eval_batches: int = Field(default=4, ge=1, description="Validation batches per language per pass.")
-    checkpoint_every: int = Field(default=100, ge=1, description="Steps between checkpoints (one more at the end).")
-    keep_checkpoints: int = Field(default=2, ge=1, description="Complete checkpoints kept (oldest deleted).")
+        default="auto", description="auto: bf16 autocast on GPU, fp32 on CPU (bf16 matmul is ~150x slower on these CPUs).",
+        json_schema_extra={"effect": "output"})
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto: cuda when available.",
+        json_schema_extra={"effect": "none"})
+    log_every: int = Field(default=10, ge=1, description="Steps between metric logs (loss, lr, masking rate, tokens/s, MFU).",
+        json_schema_extra={"effect": "none"})
+    eval_every: int = Field(default=100, ge=1, description="Steps between per-language validation passes.",
+        json_schema_extra={"effect": "report"})
+    eval_batches: int = Field(default=4, ge=1, description="Validation batches per language per pass.",
+        json_schema_extra={"effect": "report"})
+    checkpoint_every: int = Field(default=100, ge=1, description="Steps between checkpoints (one more at the end).",
+        json_schema_extra={"effect": "none"})
+    keep_checkpoints: int = Field(default=2, ge=1, description="Complete checkpoints kept (oldest deleted).",
+        json_schema_extra={"effect": "none"})
     peak_flops: float | None = Field(
         default=None, gt=0, description="Declared peak FLOP/s per process for the MFU estimate (default: 175e9 on CPU, "
-        "989e12 bf16 on H100/H200-class GPUs).")
+        "989e12 bf16 on H100/H200-class GPUs).", json_schema_extra={"effect": "none"})
     distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="torchrun options.")
 
 
 class FinetuneConfig(Section):
     """Fine-tuning for zero-shot transfer (XTREME protocol: source language only)."""
 
-    lr: float = Field(default=1e-3, gt=0, description="Peak learning rate of the task head and top layer.")
-    epochs: int = Field(default=5, ge=1, description="Maximum epochs over the source training data.")
-    batch_size: int = Field(default=32, ge=1, description="Examples per step.")
-    layer_decay: float = Field(default=0.9, gt=0, le=1, description="Layer-wise LR decay α: η_l = η·α^(L−l) (1 = off).")
-    adapters: bool = Field(default=False, description="Train bottleneck adapters h + W_up·ReLU(W_down·h) on a frozen encoder.")
-    adapter_dim: int = Field(default=32, ge=1, description="Adapter bottleneck size.")
-    l2sp: float = Field(default=0.0, ge=0, description="L2-SP penalty λ·‖θ − θ₀‖² toward the pretrained weights (0 = off).")
-    patience: int = Field(default=2, ge=1, description="Early stopping: epochs without improvement on the source validation split.")
-    max_train_examples: int | None = Field(default=2000, ge=1, description="Cap on source training examples (None = all).")
+    lr: float = Field(default=1e-3, gt=0, description="Peak learning rate of the task head and top layer.",
+        json_schema_extra={"effect": "output"})
+    epochs: int = Field(default=5, ge=1, description="Maximum epochs over the source training data.",
+        json_schema_extra={"effect": "output"})
+    batch_size: int = Field(default=32, ge=1, description="Examples per step.", json_schema_extra={"effect": "output"})
+    layer_decay: float = Field(default=0.9, gt=0, le=1, description="Layer-wise LR decay α: η_l = η·α^(L−l) (1 = off).",
+        json_schema_extra={"effect": "output"})
+    adapters: bool = Field(default=False, description="Train bottleneck adapters h + W_up·ReLU(W_down·h) on a frozen encoder.",
+        json_schema_extra={"effect": "output"})
+    adapter_dim: int = Field(default=32, ge=1, description="Adapter bottleneck size.",
+        json_schema_extra={"effect": "output"})
+    l2sp: float = Field(default=0.0, ge=0, description="L2-SP penalty λ·‖θ − θ₀‖² toward the pretrained weights (0 = off).",
+        json_schema_extra={"effect": "output"})
+    patience: int = Field(default=2, ge=1, description="Early stopping: epochs without improvement on the source validation split.",
+        json_schema_extra={"effect": "output"})
+    max_train_examples: int | None = Field(default=2000, ge=1, description="Cap on source training examples (None = all).",
+        json_schema_extra={"effect": "output"})
 
 
 class TransferTask(Section):
     """One zero-shot task: a source-language training file and target-language evaluation files."""
 
-    source_lang: str = Field(default="en", description="The only language seen in fine-tuning.")
+    source_lang: str = Field(default="en", description="The only language seen in fine-tuning.",
+        json_schema_extra={"effect": "output"})
     train: str = Field(description="Source training file (CoNLL-U for upos; TSV/JSONL with text,label for classification), "
-                       "relative to the config file.")
-    dev: str | None = Field(default=None, description="Source validation file for early stopping (default: 10% of train).")
-    targets: dict[str, str] = Field(default_factory=dict, description="Target language -> evaluation file.")
+                       "relative to the config file.", json_schema_extra={"effect": "output"})
+    dev: str | None = Field(default=None, description="Source validation file for early stopping (default: 10% of train).",
+        json_schema_extra={"effect": "output"})
+    targets: dict[str, str] = Field(default_factory=dict, description="Target language -> evaluation file.",
+        json_schema_extra={"effect": "output"})
 
 
 class EvaluateConfig(Section):
     """Per-language intrinsic metrics and zero-shot cross-lingual transfer."""
 
-    max_sequences: int = Field(default=64, ge=1, description="Held-out sequences per language for masked-token metrics.")
-    pll_sentences: int = Field(default=40, ge=0, description="Sentences per language for pseudo-perplexity (0 = skip).")
-    pll_batch: int = Field(default=64, ge=1, description="Masked copies per forward pass when scoring pseudo-log-likelihood.")
-    ece_bins: int = Field(default=15, ge=2, description="Equal-width bins of the expected calibration error.")
+    max_sequences: int = Field(default=64, ge=1, description="Held-out sequences per language for masked-token metrics.",
+        json_schema_extra={"effect": "output"})
+    pll_sentences: int = Field(default=40, ge=0, description="Sentences per language for pseudo-perplexity (0 = skip).",
+        json_schema_extra={"effect": "output"})
+    pll_batch: int = Field(default=64, ge=1, description="Masked copies per forward pass when scoring pseudo-log-likelihood.",
+        json_schema_extra={"effect": "none"})
+    ece_bins: int = Field(default=15, ge=2, description="Equal-width bins of the expected calibration error.",
+        json_schema_extra={"effect": "output"})
     upos: TransferTask | None = Field(default=None, description="UPOS tagging transfer (CoNLL-U files).")
     classification: TransferTask | None = Field(default=None, description="Sentence classification transfer (TSV/JSONL text,label).")
     retrieval: dict[str, str] | None = Field(
         default=None, description="Parallel-sentence retrieval: language -> file of aligned sentences (one per line, "
-        "or a JSONL with id,lang,text); every language is paired with the first.")
-    retrieval_layer: int = Field(default=-1, description="Hidden layer mean-pooled for retrieval (-1 = last).")
+        "or a JSONL with id,lang,text); every language is paired with the first.",
+        json_schema_extra={"effect": "output"})
+    retrieval_layer: int = Field(default=-1, description="Hidden layer mean-pooled for retrieval (-1 = last).",
+        json_schema_extra={"effect": "output"})
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="Fine-tuning options.")
 
 
@@ -281,26 +396,34 @@ class AuditConfig(Section):
     """Bias audits: CrowS-Pairs-style pairs and masked-slot templates."""
 
     crows_pairs: dict[str, str] = Field(default_factory=dict, description="Language -> CrowS-Pairs CSV "
-                                        "(sent_more,sent_less,stereo_antistereo,bias_type).")
+                                        "(sent_more,sent_less,stereo_antistereo,bias_type).",
+        json_schema_extra={"effect": "output"})
     templates: dict[str, str] = Field(default_factory=dict, description="Language -> template YAML "
-                                      "(templates with {group} and [MASK], groups, neutral, attributes).")
+                                      "(templates with {group} and [MASK], groups, neutral, attributes).",
+        json_schema_extra={"effect": "output"})
 
 
 class GatesConfig(Section):
     """Promotion gates: the model moves to alias `champion` only when every declared gate passes."""
 
-    min_top1: float | None = Field(default=None, ge=0, le=1, description="Minimum masked-token top-1 accuracy in every language.")
+    min_top1: float | None = Field(default=None, ge=0, le=1, description="Minimum masked-token top-1 accuracy in every language.",
+        json_schema_extra={"effect": "output"})
     min_top1_over_baseline: float | None = Field(
-        default=0.0, description="Minimum top-1 margin over the unigram-frequency baseline in every language.")
-    max_ece: float | None = Field(default=None, ge=0, le=1, description="Maximum expected calibration error in every language.")
-    max_crows_deviation: float | None = Field(default=None, ge=0, le=50, description="Maximum |CrowS-Pairs score − 50| in every audited language.")
-    max_transfer_gap: float | None = Field(default=None, ge=0, description="Maximum zero-shot transfer gap (source − target score).")
+        default=0.0, description="Minimum top-1 margin over the unigram-frequency baseline in every language.",
+        json_schema_extra={"effect": "output"})
+    max_ece: float | None = Field(default=None, ge=0, le=1, description="Maximum expected calibration error in every language.",
+        json_schema_extra={"effect": "output"})
+    max_crows_deviation: float | None = Field(default=None, ge=0, le=50, description="Maximum |CrowS-Pairs score − 50| in every audited language.",
+        json_schema_extra={"effect": "output"})
+    max_transfer_gap: float | None = Field(default=None, ge=0, description="Maximum zero-shot transfer gap (source − target score).",
+        json_schema_extra={"effect": "output"})
 
 
 class RegistryConfig(Section):
     """The MLflow model registry: where trained models are registered and when they are promoted."""
 
-    model_name: str = Field(default="mlm-model", description="Registered model name.")
+    model_name: str = Field(default="mlm-model", description="Registered model name.",
+        json_schema_extra={"effect": "output"})
     gates: GatesConfig = Field(default_factory=GatesConfig, description="Promotion gates.")
 
 
@@ -309,22 +432,27 @@ class TrackingConfig(Section):
 
     uri: str | None = Field(
         default=None,
-        description="MLflow tracking URI (http://host:port or sqlite:///path). Default: a SQLite file in the workdir.")
-    experiment: str = Field(default="mlm-pipeline", description="MLflow experiment name.")
-    enabled: bool = Field(default=True, description="Log to MLflow at all.")
+        description="MLflow tracking URI (http://host:port or sqlite:///path). Default: a SQLite file in the workdir.",
+        json_schema_extra={"effect": "none"})
+    experiment: str = Field(default="mlm-pipeline", description="MLflow experiment name.",
+        json_schema_extra={"effect": "none"})
+    enabled: bool = Field(default=True, description="Log to MLflow at all.", json_schema_extra={"effect": "none"})
 
 
 class PipelineConfig(Section):
     """The whole pipeline, one YAML file."""
 
-    name: str = Field(default="mlm-pipeline", description="Pipeline name (used in run names).")
-    workdir: str = Field(default=".mlm", description="Where every stage writes its outputs (relative to the current directory).")
+    name: str = Field(default="mlm-pipeline", description="Pipeline name (used in run names).",
+        json_schema_extra={"effect": "none"})
+    workdir: str = Field(default=".mlm", description="Where every stage writes its outputs (relative to the current directory).",
+        json_schema_extra={"effect": "none"})
     verify: Literal["once", "always", "size"] = Field(
         default="once", json_schema_extra={"effect": "none"},
         description="How a stored output is checked against its manifest before it is read (upstream outputs, "
         "cache hits, shard readers): sizes always; sha256 'once' per file (recorded in the stage folder's "
         ".verified.json, re-hashed when a file's size or mtime changes), 'always' on every load, or never ('size').")
-    seed: int = Field(default=0, description="Global seed; every stage derives its own from it.")
+    seed: int = Field(default=0, description="Global seed; every stage derives its own from it.",
+        json_schema_extra={"effect": "output"})
     sources: dict[str, LanguageSource] = Field(description="Raw text per language, keyed by ISO 639-1 code.")
     normalize: NormalizeConfig = Field(default_factory=NormalizeConfig, description="The normalize stage.")
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="The tokenizer stage.")
@@ -374,3 +502,78 @@ class PipelineConfig(Section):
         src = self.sources[lang]
         return list(src.scripts) if src.scripts else list(SCRIPTS_BY_LANG_KNOWN[lang])
 
+
+
+# ------------------------------------------------------------------------------------------ effect markers
+EFFECTS = ("output", "report", "threshold", "none")
+FINGERPRINTED = frozenset({"output", "report"})      # what a stage fingerprint holds
+TRAJECTORY = frozenset({"output"})                   # what the training-trajectory key holds
+
+
+def section_type(annotation: Any) -> type[Section] | None:
+    """The Section class a field holds (directly, or as Optional / dict value / list item), else None."""
+    if isinstance(annotation, type):
+        return annotation if issubclass(annotation, Section) else None
+    for arg in typing.get_args(annotation):
+        found = section_type(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def field_effect(model: type[BaseModel], name: str) -> str:
+    """A field's declared effect: 'output' / 'report' / 'threshold' / 'none'; 'section' for a field holding sections.
+
+    Raises ValueError for a leaf field without a valid marker (every field must declare one)."""
+    f = model.model_fields[name]
+    extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+    effect = extra.get("effect")
+    if section_type(f.annotation) is not None:
+        if effect is not None:
+            raise ValueError(f"{model.__name__}.{name} holds a section: its own fields carry the effect markers")
+        return "section"
+    if effect not in EFFECTS:
+        raise ValueError(f"{model.__name__}.{name}: json_schema_extra must declare an effect, one of {EFFECTS} "
+                         f"(got {effect!r}); see the module docstring of mlm_core.config")
+    return effect
+
+
+def _view(value: Any, dumped: Any, effects: frozenset[str]) -> Any:
+    if isinstance(value, Section):
+        out = {}
+        for name in type(value).model_fields:
+            effect = field_effect(type(value), name)
+            if effect == "section":
+                out[name] = _view(getattr(value, name), dumped[name], effects)
+            elif effect in effects:
+                out[name] = dumped[name]
+        return out
+    if isinstance(value, dict):
+        return {k: _view(v, dumped[k], effects) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_view(v, d, effects) for v, d in zip(value, dumped)]
+    return dumped
+
+
+def effect_view(section: Any, effects: frozenset[str] | set[str]) -> Any:
+    """JSON-ready values of the fields of ``section`` (a Section, or a dict/list of them) whose effect is in
+    ``effects``, recursing into nested sections (pretrain.model, pretrain.distributed, sources.<lang>...)."""
+    dumped = ({k: v.model_dump(mode="json") for k, v in section.items()} if isinstance(section, dict)
+              else [v.model_dump(mode="json") for v in section] if isinstance(section, (list, tuple))
+              else section.model_dump(mode="json"))
+    return _view(section, dumped, frozenset(effects))
+
+
+def fingerprint_view(section: Any) -> Any:
+    """What of ``section`` goes into its stage's fingerprint (effect output or report)."""
+    return effect_view(section, FINGERPRINTED)
+
+
+def trajectory_view(section: Any) -> Any:
+    """What of ``section`` determines the output proper (effect output): the training-trajectory key for pretrain."""
+    return effect_view(section, TRAJECTORY)
+
+
+def threshold_view(section: Any) -> Any:
+    """The data-contract thresholds of ``section`` (effect threshold): checked against the stored output."""
+    return effect_view(section, {"threshold"})
