@@ -86,12 +86,59 @@ def cmd_status(args) -> int:
     lc = _load(args)
     store = StageStore(lc.workdir)
     rows = [p.as_row(store) for p in stages.plan(lc, store).values()]
+    for r in rows:      # a stored output is checked, not trusted: sizes, sha256 per the config's verify policy
+        if r["status"] == "done":
+            rep = store.verify(r["stage"], r["fingerprint"], lc.config.verify)
+            if not rep.ok:
+                r["status"], r["problems"] = "corrupt", [str(x) for x in rep.problems]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"{'stage':<12} {'status':<8} {'fingerprint':<17} {'size':>9}  path")
     for r in rows:
         print(f"{r['stage']:<12} {r['status']:<8} {r['fingerprint']:<17} {_fmt_bytes(r['bytes']):>9}  {r['path']}")
+        for prob in r.get("problems", []):
+            print(f"{'':<12} {prob}")
+    if any(r["status"] == "corrupt" for r in rows):
+        print(f"corrupt outputs: `mlm verify {args.config}` lists every problem; "
+              f"`mlm run {args.config} --only STAGE --force` rebuilds one")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    """Full sha256 check of every stored output of the config's plan (or one stage); non-zero exit if any is bad."""
+    from mlm_core import stages
+    from mlm_core.errors import PlanError
+    from mlm_core.store import StageStore
+    lc = _load(args)
+    store = StageStore(lc.workdir)
+    plans = stages.plan(lc, store)
+    if args.stage is not None and args.stage not in plans:
+        raise PlanError(f"mlm verify {args.stage}: unknown stage (stages: {', '.join(plans)})")
+    rows, bad = [], []
+    for name in [args.stage] if args.stage else list(plans):
+        p = plans[name]
+        if p.status != "done":   # nothing stored for this fingerprint: nothing to check
+            rows.append({"stage": name, "status": f"not stored ({p.status})", "fingerprint": p.fingerprint,
+                         "files": 0, "problems": []})
+            continue
+        rep = store.verify(name, p.fingerprint, "always")
+        rows.append({"stage": name, "status": "ok" if rep.ok else "corrupt", "fingerprint": p.fingerprint,
+                     "files": rep.files, "problems": [str(x) for x in rep.problems]})
+        if not rep.ok:
+            bad.append(name)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(f"{'stage':<12} {'result':<22} {'fingerprint':<17} {'files':>5}")
+        for r in rows:
+            print(f"{r['stage']:<12} {r['status']:<22} {r['fingerprint']:<17} {r['files']:>5}")
+            for prob in r["problems"]:
+                print(f"{'':<12} {prob}")
+    if bad:
+        print(f"error: {sum(len(r['problems']) for r in rows)} problem(s) in the stored output of "
+              f"{', '.join(bad)}; rebuild with `mlm run {args.config} --only STAGE --force`", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -228,9 +275,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--force", action="store_true", help="recompute even when complete outputs exist")
     r.set_defaults(func=cmd_run)
 
-    s = with_config(sub.add_parser("status", help="show each stage as done / missing / stale"))
+    s = with_config(sub.add_parser("status", help="show each stage as done / missing / stale / corrupt"))
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_status)
+
+    v = with_config(sub.add_parser("verify", help="check every stored output against its manifest (full sha256)"))
+    v.add_argument("stage", nargs="?", help="check only this stage's output")
+    v.add_argument("--json", action="store_true", help="machine-readable output")
+    v.set_defaults(func=cmd_verify)
 
     st = with_config(sub.add_parser("stats", help="per-language documents, tokens, p(l) and upsampling"))
     st.add_argument("--json", action="store_true", help="machine-readable output")

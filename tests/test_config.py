@@ -118,8 +118,8 @@ def test_cli_surface_is_frozen():
     """The commands users and scripts rely on; changing them is a deliberate, visible act."""
     from flows.cli import build_parser
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert sorted(sub.choices) == sorted(["run", "status", "stats", "fill-mask", "evaluate", "audit", "config",
-                                          "serve", "deploy"])
+    assert sorted(sub.choices) == sorted(["run", "status", "verify", "stats", "fill-mask", "evaluate", "audit",
+                                          "config", "serve", "deploy"])
     run_opts = {o for a in sub.choices["run"]._actions for o in a.option_strings}
     assert {"--only", "--from", "--force", "--set"} <= run_opts
 
