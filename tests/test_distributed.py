@@ -47,8 +47,8 @@ def test_two_gloo_processes_equal_one_process_with_accumulation(shards, tmp_path
     assert got["final_loss"] == pytest.approx(ref["final_loss"], abs=1e-5)
     assert got["tokens"] == ref["tokens"] == 3 * 2 * 4 * 32
     assert [r["step"] for r in seen if r["type"] == "train"] == [1, 2, 3]        # forwarded from rank 0
-    ck = tmp_path / "two" / "checkpoints" / "step-0000003"
-    assert (ck / "rng-rank0.pt").is_file() and (ck / "rng-rank1.pt").is_file()
+    ck = tmp_path / "two" / "checkpoints" / "step-000000000003"
+    assert (ck / "rng-rank0.safetensors").is_file() and (ck / "rng-rank1.safetensors").is_file()
     assert got["eval"].keys() == ref["eval"].keys()
 
 

@@ -53,7 +53,9 @@ def tiny_shards(root: Path, n_docs: int = 120, vocab: int = 400, seq_len: int = 
     lc = load_config(raw={"sources": {lg: {"paths": [str(root / "unused.txt")]} for lg in LANGS},
                           "shards": {"seq_len": seq_len, "workers": 1, "validation_fraction": 0.1}})
     (root / "shards").mkdir()
+    from mlm_core.store import file_table
     manifest = {**run_shards(lc, {"normalize": nart, "tokenizer": tart}, root / "shards"), "fingerprint": "shardtiny"}
+    manifest["files"] = file_table(root / "shards")          # as the store records it on commit
     write_json_atomic(root / "shards" / MANIFEST, manifest)
     return Artifact("shards", "shardtiny", root / "shards", manifest), tart
 

@@ -26,6 +26,8 @@ from typing import Mapping
 
 import numpy as np
 
+from mlm_core.unigram import frequency_ranks, unigram_counts  # noqa: F401 - one baseline for loop and evaluate
+
 log = logging.getLogger(__name__)
 
 EVAL_MASK_RATE = 0.15
@@ -62,34 +64,6 @@ def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
     """top-1, top-5 and mean reciprocal rank from 1-based ranks of the true token."""
     r = np.asarray(ranks, dtype=np.float64)
     return {"top1": float((r <= 1).mean()), "top5": float((r <= TOP_K).mean()), "mrr": float((1.0 / r).mean())}
-
-
-def unigram_counts(shards, special_ids: Mapping[str, int], split: str = "train",
-                   langs: list[str] | None = None) -> dict[str, np.ndarray]:
-    """Per language, token counts (np.bincount over every row of ``split``; specials and padding zeroed)."""
-    vocab = int(shards.manifest.get("vocab_size") or 0)
-    specials = sorted({int(i) for i in special_ids.values()})
-    out = {}
-    for lang in langs if langs is not None else shards.languages(split):
-        if lang not in shards.languages(split):
-            continue
-        counts = np.zeros(max(vocab, max(specials) + 1), dtype=np.int64)
-        for part in shards.input_ids(split, lang).parts:       # one shard file at a time (memory-mapped)
-            c = np.bincount(np.asarray(part).reshape(-1), minlength=len(counts))
-            if len(c) > len(counts):
-                counts = np.pad(counts, (0, len(c) - len(counts)))
-            counts += c
-        counts[specials] = 0
-        out[lang] = counts
-    return out
-
-
-def frequency_ranks(counts: np.ndarray) -> np.ndarray:
-    """rank[token] (1-based) in the baseline's fixed prediction list: by count descending, ties by id."""
-    order = np.argsort(-counts, kind="stable")
-    ranks = np.empty(len(counts), dtype=np.int64)
-    ranks[order] = np.arange(1, len(counts) + 1)
-    return ranks
 
 
 def _eval_masker(vocab: int, special_ids: Mapping[str, int], seed: int):

@@ -105,31 +105,39 @@ class Block(nn.Module):
 
 
 class MLMEncoder(nn.Module):
-    def __init__(self, arch: Arch):
+    """``mlm_head=False`` builds the encoder alone (an ELECTRA discriminator has no MLM head: an untrained
+    one would only score noise). ``arch.embedding_size`` E != hidden: embeddings (and the head's output)
+    are E wide, projected to the model width after the embedding LayerNorm (ELECTRA's generator)."""
+
+    def __init__(self, arch: Arch, mlm_head: bool = True):
         super().__init__()
         self._arch = arch
-        H = arch.hidden
-        self.tok_emb = nn.Embedding(arch.vocab_size, H, padding_idx=arch.pad_id)
-        self.type_emb = nn.Embedding(1, H)  # BERT's token-type table with a single row (input is always 0)
+        H, E = arch.hidden, arch.emb_dim
+        self.tok_emb = nn.Embedding(arch.vocab_size, E, padding_idx=arch.pad_id)
+        self.type_emb = nn.Embedding(1, E)  # BERT's token-type table with a single row (input is always 0)
         if arch.position == "learned":
-            self.pos_emb = nn.Embedding(arch.max_positions, H)
+            self.pos_emb = nn.Embedding(arch.max_positions, E)
         elif arch.position == "sinusoidal":  # fixed: a buffer, not saved (rebuilt from the formula)
-            self.register_buffer("pos_table", sinusoidal_table(arch.max_positions, H), persistent=False)
+            self.register_buffer("pos_table", sinusoidal_table(arch.max_positions, E), persistent=False)
         else:  # rotary: no table added to the input; q/k are rotated in every layer
             cos, sin = rotary_cos_sin(arch.max_positions, arch.head_dim)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
-        self.emb_norm = nn.LayerNorm(H, eps=LN_EPS)
+        self.emb_norm = nn.LayerNorm(E, eps=LN_EPS)
+        if E != H:
+            self.emb_proj = nn.Linear(E, H)   # transformers' embeddings_project
         self.drop = nn.Dropout(arch.dropout)
         self.blocks = nn.ModuleList([Block(arch) for _ in range(arch.layers)])
         self.final_norm = nn.LayerNorm(H, eps=LN_EPS) if arch.norm == "pre" else nn.Identity()
-        # MLM head: transform (dense + GELU + LayerNorm), then the vocabulary projection + bias
-        self.head_dense = nn.Linear(H, H)
-        self.head_norm = nn.LayerNorm(H, eps=LN_EPS)
-        self.decoder = nn.Linear(H, arch.vocab_size, bias=False)
-        self.head_bias = nn.Parameter(torch.zeros(arch.vocab_size))
+        self.has_mlm_head = mlm_head
+        if mlm_head:
+            # MLM head: transform (dense + GELU + LayerNorm), then the vocabulary projection + bias
+            self.head_dense = nn.Linear(H, E)
+            self.head_norm = nn.LayerNorm(E, eps=LN_EPS)
+            self.decoder = nn.Linear(E, arch.vocab_size, bias=False)
+            self.head_bias = nn.Parameter(torch.zeros(arch.vocab_size))
         self.apply(self._init)
-        if arch.tie_embeddings:
+        if mlm_head and arch.tie_embeddings:
             self.decoder.weight = self.tok_emb.weight  # one tensor; safetensors helpers handle the sharing
 
     @staticmethod
@@ -165,6 +173,8 @@ class MLMEncoder(nn.Module):
         else:
             rotary = (self.rope_cos[:T], self.rope_sin[:T])
         x = self.drop(self.emb_norm(x))
+        if hasattr(self, "emb_proj"):
+            x = self.emb_proj(x)
         mask = segment_mask(segment_ids) if segment_ids is not None else None
         for block in self.blocks:
             x = block(x, mask, rotary)
@@ -213,7 +223,7 @@ class MLMEncoder(nn.Module):
             n -= self.tok_emb.weight.numel() + self.type_emb.weight.numel()
             if self.arch.position == "learned":
                 n -= self.pos_emb.weight.numel()
-            if not self.arch.tie_embeddings:
+            if self.has_mlm_head and not self.arch.tie_embeddings:
                 n -= self.decoder.weight.numel()
         return n
 
@@ -226,8 +236,9 @@ class MLMEncoder(nn.Module):
         """
         a = self.arch
         per_layer = 4 * a.hidden * a.hidden + 2 * a.hidden * a.ffn  # q, k, v, out + FFN in/out
-        body = 6 * a.layers * per_layer + 12 * a.layers * a.hidden * seq_len
-        head = 6 * (a.hidden * a.hidden + a.hidden * a.vocab_size)
+        body = 6 * a.layers * per_layer + 12 * a.layers * a.hidden * seq_len + 6 * a.emb_dim * a.hidden * (
+            a.emb_dim != a.hidden)
+        head = 6 * (a.hidden * a.emb_dim + a.emb_dim * a.vocab_size) if self.has_mlm_head else 0
         return float(body + mask_rate * head)
 
 

@@ -43,6 +43,10 @@ class Arch:
     tie_embeddings: bool   # MLM decoder weight = word embeddings
     vocab_size: int        # from the tokenizer artifact
     pad_id: int            # from the tokenizer artifact; its embedding row starts at zero
+    # width E of the embedding tables when it differs from ``hidden`` (an ELECTRA generator reads the
+    # discriminator's embeddings: E = the discriminator's width, projected to its own width, as
+    # transformers' ElectraConfig.embedding_size); None = hidden (BERT)
+    embedding_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads:
@@ -54,6 +58,8 @@ class Arch:
         if self.position == "rotary" and self.head_dim % 2:
             raise ArchError(f"rotary position encoding needs an even head size, got {self.head_dim} "
                             f"(hidden {self.hidden} / heads {self.heads})")
+        if self.embedding_size is not None and self.embedding_size < 1:
+            raise ArchError(f"embedding_size must be positive, got {self.embedding_size}")
         if not 0 <= self.pad_id < self.vocab_size:
             raise ArchError(f"pad_id {self.pad_id} is outside the vocabulary (size {self.vocab_size})")
 
@@ -61,8 +67,17 @@ class Arch:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    @property
+    def emb_dim(self) -> int:
+        """Width of the embedding tables and of the MLM head's output (E)."""
+        return self.embedding_size if self.embedding_size is not None else self.hidden
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain dict; ``embedding_size`` only when set, so a BERT Arch stored before it existed still matches."""
+        d = asdict(self)
+        if d["embedding_size"] is None:
+            del d["embedding_size"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Arch":

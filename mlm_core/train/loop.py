@@ -125,10 +125,6 @@ class Progress:
             sys.stderr.write("\n")
 
 
-def _core(model: nn.Module) -> nn.Module:
-    return getattr(model, "module", model)
-
-
 def _append_jsonl(path: Path, rec: dict) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(rec, sort_keys=True) + "\n")
@@ -220,29 +216,32 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     specials = {r: int(e["id"]) for r, e in data.manifest["special_tokens"].items()}
     vocab, T = int(data.manifest["vocab_size"]), data.seq_len
     core = model.to(device)
-    arch = {"discriminator": core.disc.arch.to_dict(), "generator": core.gen.arch.to_dict()} \
-        if isinstance(core, ElectraModel) else core.arch.to_dict()
+    objective = objective_of(core, cfg)
+    arch = objective.arch(core)
     model = wrap_model(core, cfg.distributed, device, world_size)
     opt, sched = build_optimizer(model, cfg)
     from mlm_core.shards import LanguageSampler
     sampler = LanguageSampler(data.rows_per_lang("train"), data.sampling_probs(), seed, rank, world_size)
-    masker = Masker(cfg.masking, vocab, sorted(specials.values()), specials["mask"], seed, cfg.steps,
+    masker = Masker(objective.masking(cfg.masking), vocab, sorted(specials.values()), specials["mask"], seed, cfg.steps,
                     unk_id=specials.get("unk"))
-    gens = {"mask": torch.Generator().manual_seed(_derive(seed, rank, 1))}
+    gens = {"mask": torch.Generator()}
     if device.type == "cuda":
-        gens["sample"] = torch.Generator(device=device).manual_seed(_derive(seed, rank, 3))
+        gens["sample"] = torch.Generator(device=device)
     sample_gen = gens.get("sample", gens["mask"])
     feed = Feed(sampler, Rows(data, "train", sampler.langs), masker, gens["mask"], cfg.batch_size, device)
-    electra = isinstance(core, ElectraModel)
     fp = train_fingerprint(cfg, seed)
 
     found = _latest(ckpt_root, rank) if resume else None
     step, tokens, resumed = 0, 0, None
+    n_parts = len(objective.parts)
+    win_sum, win_n = torch.zeros(n_parts, dtype=torch.float64, device=device), 0   # loss parts summed since the last log
+    seed_streams(gens, seed, rank)                  # this rank's streams (overwritten by a checkpoint's own)
     if found:
-        st = _restore(found, arch, fp, rank, core=core, opt=opt, sched=sched, gens=gens, sampler=sampler)
+        st = _restore(found, arch, fp, rank, core=core, opt=opt, sched=sched, gens=gens, sampler=sampler, seed=seed)
         step, tokens, resumed = int(st["step"]), int(st["tokens"]), int(st["step"])
-    else:
-        torch.manual_seed(_derive(seed, rank, 2))   # dropout stream of this rank
+        w = st.get("log_window") or {}
+        if len(w.get("sum", ())) == n_parts:        # a window cut by the checkpoint: resume the mean exactly
+            win_sum, win_n = torch.tensor(w["sum"], dtype=torch.float64, device=device), int(w["steps"])
     metrics_path = out_dir / "metrics.jsonl"
     if rank == 0:
         _truncate_metrics(metrics_path, resumed)
@@ -253,7 +252,7 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
             if metrics_cb is not None:
                 metrics_cb(rec)
 
-    evaluator = Evaluator(cfg, data, Masker, vocab, specials, seed)
+    evaluator = Evaluator(cfg, data, Masker, vocab, specials, seed, objective)
     peak = cfg.peak_flops or PEAK_FLOPS[device.type]
     end = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
     accum = cfg.grad_accum
@@ -265,7 +264,8 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     model.train()
 
     def save(at: int) -> Path:
-        counters = {"tokens": tokens, "world_size": world_size}
+        counters = {"tokens": tokens, "world_size": world_size,
+                    "log_window": {"sum": [float(x) for x in win_sum.tolist()], "steps": win_n}}
         return ckpt.save_checkpoint(ckpt_root, at, model=core, optimizer=opt, scheduler=sched,
                                     sampler_state=sampler.state_dict(), generators=gens, counters=counters,
                                     arch=arch, config_fp=fp, keep=cfg.keep_checkpoints, rank=rank,
@@ -279,22 +279,16 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
         n_glob, m_glob = all_reduce_sum(counts, world_size, device).tolist()
         # 2) forward/backward
         lr = sched.get_last_lr()[0]
-        parts = torch.zeros(3, dtype=torch.float64, device=device)     # total, mlm, disc (this rank's share)
+        parts = torch.zeros(n_parts, dtype=torch.float64, device=device)   # objective.parts (this rank's share)
         for i, (ids, seg, labels, n, m_real) in enumerate(micro):
             sync = contextlib.nullcontext() if i == accum - 1 or not hasattr(model, "no_sync") else model.no_sync()
-            kw = {"sample_generator": sample_gen} if electra else {}
             with sync:
                 with autocast(device, cfg.precision):
-                    out = model(ids, seg, labels, cfg.label_smoothing, **kw)
-                mlm = out["loss"] * (n * world_size / max(n_glob, 1.0))
-                loss = mlm
-                if electra:
-                    disc = out["disc_loss"] * (m_real * world_size / max(m_glob, 1.0))
-                    loss = mlm + cfg.electra.disc_weight * disc
-                    parts[2] += disc.detach().double() / world_size
+                    out = objective.forward(model, ids, seg, labels, cfg.label_smoothing, sample_generator=sample_gen)
+                loss, logged = objective.step_loss(out, n, n_glob, m_real, m_glob, world_size)
                 loss.backward()
-            parts[0] += loss.detach().double() / world_size
-            parts[1] += mlm.detach().double() / world_size
+            parts += torch.stack([x.double() for x in logged]) / world_size
+        win_sum, win_n = win_sum + all_reduce_sum(parts, world_size, device), win_n + 1
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm if cfg.clip_norm else float("inf"))
         opt.step()
         sched.step()
@@ -304,8 +298,8 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
             heartbeat(step)
         # 3) log / eval / checkpoint
         if step % cfg.log_every == 0 or step == end:
-            parts = all_reduce_sum(parts, world_size, device)
-            final_loss = float(parts[0])
+            mean = (win_sum / max(win_n, 1)).tolist()     # the mean over the interval, not its last step
+            final_loss = mean[0]
             dt = time.perf_counter() - win_t0
             tps = win_steps * step_tokens / max(dt, 1e-9)
             rate, t_data, t_mask = feed.rate, feed.t_data, feed.t_mask
@@ -315,13 +309,14 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
                    "tokens": tokens, "tokens_per_s": tps, "mfu": fpt * tps / (peak * world_size),
                    "grad_norm": float(gn), "data_pct": 100 * t_data / max(dt, 1e-9),
                    "masking_pct": 100 * t_mask / max(dt, 1e-9)}
-            if electra:
-                rec |= {"mlm_loss": float(parts[1]), "disc_loss": float(parts[2])}
+            if n_parts > 2:
+                rec |= dict(zip(objective.parts[1:], mean[1:]))
             if not math.isfinite(final_loss):
                 raise FloatingPointError(f"pretrain: loss is {final_loss} at step {step}")
             emit(rec)
             progress.update(step, final_loss)
             win_t0, win_steps = time.perf_counter(), 0
+            win_sum, win_n = torch.zeros_like(win_sum), 0
             feed.t_data = feed.t_mask = 0.0
         if step % cfg.eval_every == 0 or step == cfg.steps:
             last_eval = evaluator(core, device, cfg.precision)

@@ -1,0 +1,83 @@
+"""Validation during pretraining: fixed batches per language, masked once with a fixed seed, so every pass
+is comparable (and a resumed run scores exactly what a straight run scores).
+
+Per language: masked loss and top-1 accuracy of the MLM (the generator for ELECTRA), the unigram
+baseline's accuracy at the same positions (``mlm_core.unigram``: the whole train split), and for ELECTRA
+the discriminator's replaced-token accuracy, AUC and the all-original baseline.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlm_core.config import PretrainConfig
+
+
+def derive(*words: int) -> int:
+    """A 62-bit seed from integer words (seed, rank, step, stream...), independent across words."""
+    return int(np.random.SeedSequence([int(w) % 2**63 for w in words]).generate_state(1, np.uint64)[0] % 2**62)
+
+
+class Evaluator:
+    def __init__(self, cfg: PretrainConfig, ds, masker_cls, vocab: int, specials: dict, seed: int, objective):
+        from mlm_core.unigram import unigram_top
+        fixed = objective.masking(cfg.masking.model_copy(update={"mode": "dynamic", "schedule": "constant"}))
+        masker = masker_cls(fixed, vocab, sorted(specials.values()), specials["mask"], seed, 1,
+                            unk_id=specials.get("unk"))
+        langs = ds.languages("validation")
+        self.objective = objective
+        self.top = unigram_top(ds, sorted(specials.values()), [lg for lg in langs if lg in ds.languages("train")])
+        self.batches: dict[str, list] = {}
+        B = cfg.batch_size
+        for i, lang in enumerate(langs):
+            n = len(ds.columns("validation", lang)["input_ids"])
+            if n == 0 or lang not in self.top:
+                continue
+            g = torch.Generator().manual_seed(derive(seed, 17, i))
+            idx = np.arange(B * cfg.eval_batches) % n
+            out = []
+            for k in range(cfg.eval_batches):
+                b = ds.get_batch("validation", lang, idx[k * B:(k + 1) * B])
+                m = masker(b["input_ids"], b["word_start"], 0, generator=g)
+                out.append((m.input_ids, b["segment_ids"].to(torch.int32), m.labels))
+            self.batches[lang] = out
+        self.seed = seed
+
+    @torch.no_grad()
+    def __call__(self, model: nn.Module, device: torch.device, precision: str) -> dict[str, dict]:
+        from mlm_core.model.electra import rtd_summary
+        from mlm_core.train.loop import autocast
+        was = model.training
+        model.eval()
+        res = {}
+        for i, (lang, batches) in enumerate(self.batches.items()):
+            sg = torch.Generator(device=device).manual_seed(derive(self.seed, 23, i))
+            loss = correct = base = n = 0.0
+            d_logits, d_target = [], []
+            for ids, seg, labels in batches:
+                ids, seg, labels = ids.to(device), seg.to(device), labels.to(device)
+                with autocast(device, precision):
+                    out = self.objective.forward(model, ids, seg, labels, 0.0, sample_generator=sg)
+                y = labels[labels != -100]
+                logits = out["logits"].float()
+                loss += float(F.cross_entropy(logits, y, reduction="sum")) if len(y) else 0.0
+                correct += float((logits.argmax(-1) == y).sum())
+                base += float((y == self.top[lang]).sum())
+                n += len(y)
+                if "disc_logits" in out:
+                    d_logits.append(out["disc_logits"].float().cpu().numpy())
+                    d_target.append(out["disc_target"].cpu().numpy())
+            r = {"loss": loss / max(n, 1), "acc": correct / max(n, 1), "baseline_acc": base / max(n, 1), "n": int(n)}
+            if d_logits:
+                s = rtd_summary(np.concatenate(d_logits), np.concatenate(d_target) > 0.5)
+                r |= {"disc_acc": s["rtd_acc"], "disc_baseline_acc": s["rtd_baseline_acc"]}
+                if s["rtd_auc"] is not None:        # one class only (nothing replaced): no AUC, not a zero
+                    r["disc_auc"] = s["rtd_auc"]
+            res[lang] = r
+        model.train(was)
+        return res
+
+
+__all__ = ["Evaluator", "derive"]

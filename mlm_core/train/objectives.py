@@ -1,0 +1,98 @@
+"""Training objectives behind one interface, so the loop and the evaluator never ask which model they hold.
+
+An objective builds its model, says how the input is corrupted, runs a forward pass and turns it into
+the step's loss with the parts to log. ``MLM``: masked-language-model cross-entropy. ``Electra``: the
+generator's MLM loss + disc_weight x the discriminator's replaced-token BCE (Clark et al., 2020), the
+generator's input corrupted 85% [MASK] / 15% unchanged (see ``mlm_core.model.electra``).
+
+Loss normalisation (both): every micro-batch's mean loss is re-weighted by its share of the *global*
+batch's predictions (``n_glob`` selected positions for the MLM part, ``m_glob`` non-pad tokens for the
+discriminator), so W ranks x k accumulation steps give the update of one W*k batch.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mlm_core.config import PretrainConfig
+
+
+class MLM:
+    name = "mlm"
+    parts = ("loss", "mlm_loss")            # what ``step_loss`` reports, in this order
+
+    def __init__(self, cfg: PretrainConfig):
+        self.cfg = cfg
+
+    def build(self, vocab_size: int, pad_id: int, special_ids: list[int] | None = None) -> nn.Module:
+        from mlm_core.model import MLMEncoder, resolve_arch
+        return MLMEncoder(resolve_arch(self.cfg.model, vocab_size, pad_id))
+
+    def masking(self, mcfg):
+        return mcfg
+
+    @staticmethod
+    def arch(core: nn.Module) -> dict:
+        return core.arch.to_dict()
+
+    @staticmethod
+    def mlm_model(core: nn.Module) -> nn.Module:
+        """The network that predicts masked tokens (what is saved as the MLM and filled masks with)."""
+        return core
+
+    def forward(self, model: nn.Module, ids, seg, labels, label_smoothing: float = 0.0,
+                sample_generator: torch.Generator | None = None) -> dict:
+        return model(ids, seg, labels, label_smoothing)
+
+    def step_loss(self, out: dict, n: int, n_glob: float, m_real: int, m_glob: float,
+                  world_size: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        mlm = out["loss"] * (n * world_size / max(n_glob, 1.0))
+        return mlm, [mlm.detach(), mlm.detach()]
+
+
+class Electra(MLM):
+    name = "electra"
+    parts = ("loss", "mlm_loss", "disc_loss")
+
+    def build(self, vocab_size: int, pad_id: int, special_ids: list[int] | None = None) -> nn.Module:
+        from mlm_core.model import resolve_arch
+        from mlm_core.model.electra import ElectraModel
+        disc = resolve_arch(self.cfg.model, vocab_size, pad_id)
+        gen = resolve_arch(self.cfg.model, vocab_size, pad_id, scale=self.cfg.electra.generator_fraction)
+        return ElectraModel(disc, gen, special_ids)
+
+    def masking(self, mcfg):
+        from mlm_core.model.electra import electra_masking
+        return electra_masking(mcfg)
+
+    @staticmethod
+    def arch(core: nn.Module) -> dict:
+        return core.arch_dict
+
+    @staticmethod
+    def mlm_model(core: nn.Module) -> nn.Module:
+        return core.gen
+
+    def forward(self, model, ids, seg, labels, label_smoothing: float = 0.0, sample_generator=None) -> dict:
+        return model(ids, seg, labels, label_smoothing, sample_generator=sample_generator)
+
+    def step_loss(self, out, n, n_glob, m_real, m_glob, world_size):
+        mlm, _ = super().step_loss(out, n, n_glob, m_real, m_glob, world_size)
+        disc = out["disc_loss"] * (m_real * world_size / max(m_glob, 1.0))
+        loss = mlm + self.cfg.electra.disc_weight * disc
+        return loss, [loss.detach(), mlm.detach(), disc.detach()]
+
+
+def objective_for(cfg: PretrainConfig) -> MLM:
+    return {"mlm": MLM, "electra": Electra}[cfg.objective](cfg)
+
+
+def objective_of(model: nn.Module, cfg: PretrainConfig) -> MLM:
+    """The objective matching an already built model (a caller may build the model itself)."""
+    core = getattr(model, "module", model)
+    from mlm_core.model.electra import ElectraModel
+    kind = Electra if isinstance(core, ElectraModel) else MLM
+    return kind(cfg)
+
+
+__all__ = ["MLM", "Electra", "objective_for", "objective_of"]
