@@ -1,6 +1,6 @@
 """Atomic, verifiable training checkpoints with exact resume.
 
-Layout: ``<root>/step-0000100/`` holding
+Layout: ``<root>/step-000000000100/`` (``step_dir_name``) holding
   model.safetensors        the model's tensors (shared/tied tensors stored once; aliases in meta.json)
   optimizer.pt             optimizer state: tensors and plain Python values only (``torch.load(weights_only=True)``)
   scheduler.json           LR scheduler counters
@@ -10,7 +10,7 @@ Layout: ``<root>/step-0000100/`` holding
   rng-rank<r>.json         numpy and Python ``random`` states as plain lists
   meta.json                written LAST: arch, config fingerprint, counters, sha256 of every file above
 
-Atomicity: everything is written into ``<root>/.tmp-step-0000100-<pid>``, files and folder fsync'd,
+Atomicity: everything is written into ``<root>/.tmp-step-000000000100-<pid>``, files and folder fsync'd,
 then the folder is renamed into place. A checkpoint is complete iff ``meta.json`` exists and every
 checksum it lists matches, so a run killed at any moment leaves either a complete checkpoint or a
 temporary folder that is never read (and is removed once its writer is gone). Resume takes the newest
@@ -54,7 +54,20 @@ class CheckpointMismatch(CheckpointError, ValueError):
 
 
 def step_dir_name(step: int) -> str:
-    return f"step-{step:07d}"
+    """``step-000000000100``: 12 digits, so names sort like their steps up to 10^12 (7 digits broke at 10M)."""
+    return f"step-{step:012d}"
+
+
+def step_of(path: Path) -> int | None:
+    """The step a ``step-<digits>`` folder holds (any zero padding: older runs wrote 7 digits), else None."""
+    digits = Path(path).name[len("step-"):]
+    return int(digits) if Path(path).name.startswith("step-") and digits.isdigit() else None
+
+
+def step_dirs(root: Path) -> list[Path]:
+    """Checkpoint folders under ``root``, oldest first, ordered by step number (never by name)."""
+    found = [(step_of(p), p.name, p) for p in Path(root).glob("step-*") if p.is_dir() and step_of(p) is not None]
+    return [p for _, _, p in sorted(found)]
 
 
 def config_fingerprint(cfg_dict: dict) -> str:
@@ -250,7 +263,7 @@ def save_checkpoint(root: Path, step: int, *, model: torch.nn.Module, optimizer,
 
 
 def prune(root: Path, keep: int) -> None:
-    done = sorted(p for p in root.glob("step-*") if p.is_dir())
+    done = step_dirs(root)
     for old in done[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -298,7 +311,7 @@ def find_latest(root: Path) -> tuple[Path, dict] | None:
     root = Path(root)
     if not root.is_dir():
         return None
-    for p in sorted((p for p in root.glob("step-*") if p.is_dir()), reverse=True):
+    for p in reversed(step_dirs(root)):
         try:
             return p, verify(p)
         except CheckpointError as e:
@@ -347,15 +360,16 @@ def load_checkpoint(path: Path, meta: dict, *, model: torch.nn.Module, optimizer
     sampler = None
     if r is None:
         log.warning("%s has no RNG/sampler state for rank %d (world size changed): using rank 0's sampler "
-                    "position and fresh RNG streams", path, rank)
+                    "position; the caller derives this rank's RNG streams from (seed, rank, step)", path, rank)
         sampler = json.loads((path / "sampler-rank0.json").read_text())
     else:
         set_rng_state(torch.load(path / f"rng-rank{r}.pt", weights_only=True),
                       json.loads((path / f"rng-rank{r}.json").read_text()), generators)
         sampler = json.loads((path / f"sampler-rank{r}.json").read_text())
     state = json.loads((path / "state.json").read_text())
-    return {"sampler": sampler, "state": state}
+    return {"sampler": sampler, "state": state, "rng_restored": r is not None}
 
 
 __all__ = ["CheckpointError", "CheckpointMismatch", "save_checkpoint", "find_latest", "load_checkpoint", "verify",
-           "check_arch", "cleanup_temporaries", "prune", "config_fingerprint", "step_dir_name", "plain"]
+           "check_arch", "cleanup_temporaries", "prune", "config_fingerprint", "step_dir_name", "step_dirs",
+           "step_of", "plain"]
