@@ -1,7 +1,8 @@
 """The audit stage: bias audits of the trained model (see ``run_audit``), written as the stage's output.
 
 In: the pretrain output and the ``audit`` config section. Out: ``audit.json`` (everything, with the
-benchmarks' known limits) and ``crows.parquet`` (one row per audited language) for the data contract.
+benchmarks' known limits) and ``crows.parquet`` (one row per audited language: scores, pairs with an
+empty sentence, pairs skipped as too long) for the data contract.
 """
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ def run_audit_stage(lc, upstream: dict, out_dir: Path) -> dict:
     result = run_audit(upstream["pretrain"].path, lc.config.audit, lc.base_dir)
     (out_dir / "audit.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
     rows = [{"lang": lang, "n": r.get("n"), "metric_score": r.get("metric_score"), "stereo_score": r.get("stereo_score"),
-             "antistereo_score": r.get("antistereo_score"), "neutral_pct": r.get("neutral_pct")}
+             "antistereo_score": r.get("antistereo_score"), "neutral_pct": r.get("neutral_pct"),
+             "empty_sentence_pairs": r.get("n_empty_sentence", 0), "skipped": len(r.get("skipped") or [])}
             for lang, r in sorted(result.get("crows", {}).items())]
     schema = pa.schema([("lang", pa.string()), ("n", pa.int64()), ("metric_score", pa.float64()),
-                        ("stereo_score", pa.float64()), ("antistereo_score", pa.float64()), ("neutral_pct", pa.float64())])
+                        ("stereo_score", pa.float64()), ("antistereo_score", pa.float64()), ("neutral_pct", pa.float64()),
+                        ("empty_sentence_pairs", pa.int64()), ("skipped", pa.int64())])
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), out_dir / "crows.parquet")
     metrics = {f"{r['lang']}.crows_score": r["metric_score"] for r in rows if r["metric_score"] is not None}
     for lang, t in result.get("templates", {}).items():
