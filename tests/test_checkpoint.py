@@ -107,7 +107,7 @@ def test_corrupt_checkpoint_is_skipped_for_the_previous_one(shards, tmp_path, ca
     run(cfg, shards[0], tmp_path)
     root = tmp_path / "checkpoints"
     assert complete_steps(root) == [3, 6, 9]
-    f = root / "step-000000000009" / "optimizer.pt"
+    f = root / "step-000000000009" / "optimizer.safetensors"
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0xFF
     f.write_bytes(bytes(data))
@@ -116,7 +116,7 @@ def test_corrupt_checkpoint_is_skipped_for_the_previous_one(shards, tmp_path, ca
         res = run(cfg.model_copy(update={"steps": 10}), shards[0], tmp_path)
     assert res["resumed_from"] == 3
     msgs = " | ".join(r.getMessage() for r in caplog.records)
-    assert "step-000000000009: optimizer.pt does not match its sha256 (corrupt)" in msgs
+    assert "step-000000000009: optimizer.safetensors does not match its sha256 (corrupt)" in msgs
     assert "step-000000000006: no meta.json" in msgs
 
 
@@ -148,7 +148,7 @@ def test_checkpoint_files_hold_no_pickles(shards, tmp_path, monkeypatch):
     from mlm_core.tensorfile import load_tree
     from mlm_core.train.checkpoint import plain
     run(tiny_cfg(steps=2, checkpoint_every=2, objective="electra"), shards[0], tmp_path)
-    d = tmp_path / "checkpoints" / "step-0000002"
+    d = tmp_path / "checkpoints" / "step-000000000002"
     assert sorted(p.name for p in d.iterdir()) == [
         "meta.json", "model.safetensors", "optimizer.json", "optimizer.safetensors", "rng-rank0.json",
         "rng-rank0.safetensors", "sampler-rank0.json", "scheduler.json", "state.json"]
@@ -164,7 +164,7 @@ def test_checkpoint_files_hold_no_pickles(shards, tmp_path, monkeypatch):
     assert opt["state"] and {"lr", "betas", "weight_decay"} <= set(opt["param_groups"][0])
     assert isinstance(opt["param_groups"][0]["betas"], tuple)
     assert all(isinstance(k, int) for k in opt["state"]), "integer parameter ids must come back as ints"
-    assert set(opt["state"]) == {i for g in opt["param_groups"] for i in g["params"]} - {None} or opt["state"]
+    assert set(opt["state"]) <= {i for g in opt["param_groups"] for i in g["params"]}
     rng = load_tree(d / "rng-rank0.safetensors", d / "rng-rank0.json")
     assert {"torch_cpu", "gen_mask", "numpy", "python"} <= set(rng)
     assert rng["torch_cpu"].dtype == torch.uint8 and len(rng["numpy"][1]) == 624
@@ -230,8 +230,8 @@ def test_old_pickle_checkpoint_is_refused_by_name(shards, tmp_path):
     """A format-1 checkpoint (torch.save pickles) is never unpickled and never silently skipped."""
     from mlm_core.train.checkpoint import CheckpointFormatError
     run(tiny_cfg(steps=2, checkpoint_every=2), shards[0], tmp_path)
-    d = tmp_path / "checkpoints" / "step-0000002"
+    d = tmp_path / "checkpoints" / "step-000000000002"
     meta = json.loads((d / "meta.json").read_text())
     (d / "meta.json").write_text(json.dumps({**meta, "format": 1}))
-    with pytest.raises(CheckpointFormatError, match=r"step-0000002 is a format-1 checkpoint.*never unpickles"):
+    with pytest.raises(CheckpointFormatError, match=r"step-000000000002 is a format-1 checkpoint.*never unpickles"):
         run(tiny_cfg(steps=4, checkpoint_every=2), shards[0], tmp_path)

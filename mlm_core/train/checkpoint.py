@@ -2,12 +2,13 @@
 
 Layout: ``<root>/step-000000000100/`` (``step_dir_name``) holding
   model.safetensors        the model's tensors (shared/tied tensors stored once; aliases in meta.json)
-  optimizer.pt             optimizer state: tensors and plain Python values only (``torch.load(weights_only=True)``)
+  optimizer.safetensors    optimizer state tensors (moments, step counts) ...
+  optimizer.json           ... and the rest of its state_dict (param groups, ids) referring to them by name
   scheduler.json           LR scheduler counters
   state.json               step / token / sample counters
   sampler-rank<r>.json     each rank's language-sampler state
-  rng-rank<r>.pt           torch CPU (+ CUDA) RNG states and the loop's masking generator, as tensors
-  rng-rank<r>.json         numpy and Python ``random`` states as plain lists
+  rng-rank<r>.safetensors  torch CPU (+ CUDA) RNG states and the loop's generators (byte tensors) ...
+  rng-rank<r>.json         ... plus numpy and Python ``random`` states as plain lists
   meta.json                written LAST: arch, config fingerprint, counters, sha256 of every file above
 
 Atomicity: everything is written into ``<root>/.tmp-step-000000000100-<pid>``, files and folder fsync'd,
@@ -16,8 +17,12 @@ checksum it lists matches, so a run killed at any moment leaves either a complet
 temporary folder that is never read (and is removed once its writer is gone). Resume takes the newest
 complete checkpoint, skipping (with a warning) any whose files do not match their checksums.
 
-No pickled objects anywhere: tensors go to safetensors / ``torch.save`` of tensor+primitive dicts,
-everything else to JSON. Test hook: ``MLM_CHECKPOINT_DELAY_S`` sleeps before ``meta.json`` is written.
+No pickle anywhere, written or read: tensors go to safetensors (byte-reproducible headers, see
+``mlm_core.tensorfile``), everything else to JSON (``torch.load``, even with ``weights_only=True``, is
+the pickle format). Checkpoints of format 1 (``optimizer.pt`` / ``rng-rank<r>.pt`` pickles, written before
+this) are refused with a ``CheckpointFormatError`` naming the folder rather than unpickled: delete the
+folder (training restarts) or finish that run with the version that wrote it.
+Test hook: ``MLM_CHECKPOINT_DELAY_S`` sleeps before ``meta.json`` is written.
 """
 from __future__ import annotations
 
@@ -33,20 +38,25 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from mlm_core.errors import MlmError
 from mlm_core.store import sha256_file
 from mlm_core.store import fsync_dir as _fsync_dir
 from mlm_core.store import pid_alive as _pid_alive
+from mlm_core.tensorfile import load_tree, save_tensors, save_tree
 
 log = logging.getLogger(__name__)
-FORMAT = 1
+FORMAT = 2          # 2: pickle-free (safetensors + JSON); 1 held torch.save pickles and is refused
 META = "meta.json"
 
 
 class CheckpointError(MlmError):
     """A checkpoint that cannot be written or read."""
+
+
+class CheckpointFormatError(CheckpointError):
+    """A checkpoint written in a format this version does not read (never skipped silently)."""
 
 
 class CheckpointMismatch(CheckpointError, ValueError):
@@ -76,7 +86,7 @@ def config_fingerprint(cfg_dict: dict) -> str:
 
 # ------------------------------------------------------------------------------------------- plain values
 def plain(obj: Any) -> Any:
-    """Tensors and JSON-like values only (what ``torch.load(weights_only=True)`` accepts), or TypeError."""
+    """Tensors and JSON-like values only (what ``save_tree`` stores without pickle), or TypeError."""
     if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     if isinstance(obj, np.generic):
@@ -98,31 +108,31 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------- RNG states
-def rng_state(generators: dict[str, torch.Generator] | None = None) -> tuple[dict, dict]:
-    """(tensors for rng-rank<r>.pt, plain lists for rng-rank<r>.json). ``generators``: the loop's own streams."""
-    tensors = {"torch_cpu": torch.get_rng_state()}
+def rng_state(generators: dict[str, torch.Generator] | None = None) -> dict:
+    """Every RNG state as byte tensors (torch) and plain lists (numpy, Python). ``generators``: the loop's own."""
+    state: dict[str, Any] = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        tensors["torch_cuda"] = torch.cuda.get_rng_state_all()
+        state["torch_cuda"] = torch.cuda.get_rng_state_all()
     for name, g in (generators or {}).items():
-        tensors[f"gen_{name}"] = g.get_state()
+        state[f"gen_{name}"] = g.get_state()
     name, keys, pos, has_gauss, cached = np.random.get_state()
     version, pstate, gauss = random.getstate()
-    lists = {"numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-             "python": [version, list(pstate), gauss]}
-    return tensors, lists
+    state["numpy"] = [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+    state["python"] = [version, list(pstate), gauss]
+    return state
 
 
-def set_rng_state(tensors: dict, lists: dict, generators: dict[str, torch.Generator] | None = None) -> None:
-    torch.set_rng_state(tensors["torch_cpu"])
-    if "torch_cuda" in tensors and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(tensors["torch_cuda"])
+def set_rng_state(state: dict, generators: dict[str, torch.Generator] | None = None) -> None:
+    torch.set_rng_state(state["torch_cpu"])
+    if "torch_cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["torch_cuda"])
     for name, g in (generators or {}).items():
-        if f"gen_{name}" not in tensors:
+        if f"gen_{name}" not in state:
             raise CheckpointError(f"checkpoint has no state for the {name!r} random generator")
-        g.set_state(tensors[f"gen_{name}"])
-    name, keys, pos, has_gauss, cached = lists["numpy"]
+        g.set_state(state[f"gen_{name}"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    version, pstate, gauss = lists["python"]
+    version, pstate, gauss = state["python"]
     random.setstate((version, tuple(pstate), gauss))
 
 
@@ -223,19 +233,17 @@ def save_checkpoint(root: Path, step: int, *, model: torch.nn.Module, optimizer,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     tmp = root / _broadcast_name(tmp_name, world_size)
-    tensors, lists = rng_state(generators)
-    torch.save(plain(tensors), tmp / f"rng-rank{rank}.pt")
-    _write_json(tmp / f"rng-rank{rank}.json", lists)
+    save_tree(plain(rng_state(generators)), tmp / f"rng-rank{rank}.safetensors", tmp / f"rng-rank{rank}.json")
     _write_json(tmp / f"sampler-rank{rank}.json", sampler_state)
-    written = [f"rng-rank{rank}.pt", f"rng-rank{rank}.json", f"sampler-rank{rank}.json"]
+    written = [f"rng-rank{rank}.safetensors", f"rng-rank{rank}.json", f"sampler-rank{rank}.json"]
     aliases: dict[str, str] = {}
     if rank == 0:
         weights, aliases = _dedupe(msd, tied_aliases(model))
-        save_file(weights, str(tmp / "model.safetensors"))
-        torch.save(plain(osd), tmp / "optimizer.pt")
+        save_tensors(weights, tmp / "model.safetensors")
+        save_tree(plain(osd), tmp / "optimizer.safetensors", tmp / "optimizer.json")
         _write_json(tmp / "scheduler.json", plain(scheduler.state_dict()))
         _write_json(tmp / "state.json", {"step": step, **counters})
-        written += ["model.safetensors", "optimizer.pt", "scheduler.json", "state.json"]
+        written += ["model.safetensors", "optimizer.safetensors", "optimizer.json", "scheduler.json", "state.json"]
     for name in written:
         _fsync_file(tmp / name)
     _barrier(world_size)
@@ -297,6 +305,11 @@ def verify(path: Path) -> dict:
         meta = json.loads(mf.read_text(encoding="utf-8"))
     except ValueError as e:
         raise CheckpointError(f"{path}: unreadable {META}: {e}") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointFormatError(
+            f"{path} is a format-{meta.get('format')} checkpoint (optimizer/RNG states as torch pickles); this "
+            f"version reads only pickle-free format-{FORMAT} checkpoints and never unpickles: delete {path} "
+            f"(training restarts from the previous checkpoint or step 0) or finish the run with the older version")
     for name, digest in meta.get("files", {}).items():
         f = path / name
         if not f.is_file():
@@ -314,6 +327,8 @@ def find_latest(root: Path) -> tuple[Path, dict] | None:
     for p in reversed(step_dirs(root)):
         try:
             return p, verify(p)
+        except CheckpointFormatError:
+            raise                   # not damage: resuming from an older checkpoint would silently lose progress
         except CheckpointError as e:
             log.warning("skipping checkpoint: %s; trying the previous one", e)
     return None
@@ -354,22 +369,21 @@ def load_checkpoint(path: Path, meta: dict, *, model: torch.nn.Module, optimizer
     for alias, target in meta.get("aliases", {}).items():
         sd[alias] = sd[target]
     load_model_state(model, sd)
-    load_optimizer_state(model, optimizer, torch.load(path / "optimizer.pt", weights_only=True))
+    load_optimizer_state(model, optimizer, load_tree(path / "optimizer.safetensors", path / "optimizer.json"))
     scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
-    r = rank if (path / f"rng-rank{rank}.pt").is_file() else None
+    r = rank if (path / f"rng-rank{rank}.safetensors").is_file() else None
     sampler = None
     if r is None:
         log.warning("%s has no RNG/sampler state for rank %d (world size changed): using rank 0's sampler "
                     "position; the caller derives this rank's RNG streams from (seed, rank, step)", path, rank)
         sampler = json.loads((path / "sampler-rank0.json").read_text())
     else:
-        set_rng_state(torch.load(path / f"rng-rank{r}.pt", weights_only=True),
-                      json.loads((path / f"rng-rank{r}.json").read_text()), generators)
+        set_rng_state(load_tree(path / f"rng-rank{r}.safetensors", path / f"rng-rank{r}.json"), generators)
         sampler = json.loads((path / f"sampler-rank{r}.json").read_text())
     state = json.loads((path / "state.json").read_text())
     return {"sampler": sampler, "state": state, "rng_restored": r is not None}
 
 
-__all__ = ["CheckpointError", "CheckpointMismatch", "save_checkpoint", "find_latest", "load_checkpoint", "verify",
+__all__ = ["CheckpointError", "CheckpointFormatError", "CheckpointMismatch", "save_checkpoint", "find_latest", "load_checkpoint", "verify",
            "check_arch", "cleanup_temporaries", "prune", "config_fingerprint", "step_dir_name", "step_dirs",
            "step_of", "plain"]
