@@ -245,7 +245,8 @@ def cmd_run(args) -> int:
     from flows.pipeline import STAGE_FLOWS, pipeline
     overrides = list(args.set or [])
     if args.only:
-        results = STAGE_FLOWS[args.only](config_path=args.config, overrides=overrides, force=True)
+        # the same as the stage's Prefect flow: reuse its complete output unless --force (flow: force)
+        results = STAGE_FLOWS[args.only](config_path=args.config, overrides=overrides, force=args.force)
     else:
         results = pipeline(config_path=args.config, overrides=overrides, from_stage=args.from_stage,
                            force=args.force)
@@ -270,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = with_config(sub.add_parser("run", help="run the pipeline (reusing every complete stored output)"))
     g = r.add_mutually_exclusive_group()
-    g.add_argument("--only", metavar="STAGE", help="rerun exactly this stage from the stored upstream outputs")
+    g.add_argument("--only", metavar="STAGE", help="run exactly this stage from the stored upstream outputs "
+                   "(its own complete output is reused unless --force)")
     g.add_argument("--from", dest="from_stage", metavar="STAGE", help="rerun this stage and everything downstream")
     r.add_argument("--force", action="store_true", help="recompute even when complete outputs exist")
     r.set_defaults(func=cmd_run)

@@ -1,8 +1,10 @@
 """Prefect flows: the full pipeline and one flow per stage, all through ``run_pipeline``.
 
 Parameters are typed (and described) so the Prefect UI renders a usable form. A stage flow does
-exactly what ``mlm run CONFIG --only STAGE`` does: it reuses the stored upstream outputs and fails,
-naming the stage to run first, when one is missing.
+exactly what ``mlm run CONFIG --only STAGE`` does, its ``force`` being ``--force``: it reuses the stored
+upstream outputs (failing, naming the stage to run first, when one is missing) and reuses the stage's own
+complete output unless forced. Both default to not forcing, like the pipeline flow: the deployments'
+schedules and a UI rerun then recompute only what a config change invalidated.
 """
 from __future__ import annotations
 
@@ -71,7 +73,7 @@ def pipeline(config_path: ConfigPath = "configs/demo.yaml", overrides: Overrides
 
 
 def _stage_flow(stage: str):
-    """One flow per stage, for reruns from the UI: exactly `mlm run CONFIG --only STAGE` (force: recompute)."""
+    """One flow per stage, for reruns from the UI: exactly `mlm run CONFIG --only STAGE` (force: `--force`)."""
     spec = stages.STAGES[stage]
 
     def run_one(config_path: ConfigPath = "configs/demo.yaml", overrides: Overrides = [],  # noqa: B006

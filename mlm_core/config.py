@@ -98,7 +98,9 @@ class NormalizeConfig(Section):
     script_check: bool = Field(default=True, description="Quarantine documents whose letters are mostly not in the language's scripts.",
         json_schema_extra={"effect": "output"})
     min_script_ratio: float = Field(
-        default=0.5, gt=0, le=1, description="Share of letters that must be in the language's scripts (script check).",
+        default=0.5, gt=0, le=1, description="Weighted share of letters that must be in the language's scripts (script check; "
+        "0-1). Weights: a Han character 3 Latin letters, a Kana or Hangul one 2, other letters 1; letters of a "
+        "capitalized foreign word (a name) half; @handles, #hashtags and URLs not counted.",
         json_schema_extra={"effect": "output"})
     dedup: bool = Field(default=True, description="Drop exact duplicates (by content hash) across the whole corpus; the first occurrence is kept.",
         json_schema_extra={"effect": "output"})
@@ -538,30 +540,34 @@ def field_effect(model: type[BaseModel], name: str) -> str:
     return effect
 
 
-def _view(value: Any, dumped: Any, effects: frozenset[str]) -> Any:
+def _view(value: Any, dumped: Any, effects: frozenset[str], sparse: bool) -> Any:
     if isinstance(value, Section):
         out = {}
         for name in type(value).model_fields:
             effect = field_effect(type(value), name)
             if effect == "section":
-                out[name] = _view(getattr(value, name), dumped[name], effects)
+                sub = _view(getattr(value, name), dumped[name], effects, sparse)
+                if not (sparse and sub in ({}, None)):
+                    out[name] = sub
             elif effect in effects:
                 out[name] = dumped[name]
         return out
     if isinstance(value, dict):
-        return {k: _view(v, dumped[k], effects) for k, v in value.items()}
+        out = {k: _view(v, dumped[k], effects, sparse) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v not in ({}, None)} if sparse else out
     if isinstance(value, (list, tuple)):
-        return [_view(v, d, effects) for v, d in zip(value, dumped)]
+        return [_view(v, d, effects, sparse) for v, d in zip(value, dumped)]
     return dumped
 
 
-def effect_view(section: Any, effects: frozenset[str] | set[str]) -> Any:
+def effect_view(section: Any, effects: frozenset[str] | set[str], sparse: bool = False) -> Any:
     """JSON-ready values of the fields of ``section`` (a Section, or a dict/list of them) whose effect is in
-    ``effects``, recursing into nested sections (pretrain.model, pretrain.distributed, sources.<lang>...)."""
+    ``effects``, recursing into nested sections (pretrain.model, pretrain.distributed, sources.<lang>...).
+    ``sparse`` leaves out nested sections with nothing selected (for thresholds, merged into a manifest)."""
     dumped = ({k: v.model_dump(mode="json") for k, v in section.items()} if isinstance(section, dict)
               else [v.model_dump(mode="json") for v in section] if isinstance(section, (list, tuple))
               else section.model_dump(mode="json"))
-    return _view(section, dumped, frozenset(effects))
+    return _view(section, dumped, frozenset(effects), sparse)
 
 
 def fingerprint_view(section: Any) -> Any:
@@ -576,4 +582,4 @@ def trajectory_view(section: Any) -> Any:
 
 def threshold_view(section: Any) -> Any:
     """The data-contract thresholds of ``section`` (effect threshold): checked against the stored output."""
-    return effect_view(section, {"threshold"})
+    return effect_view(section, {"threshold"}, sparse=True)

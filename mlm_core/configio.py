@@ -164,9 +164,22 @@ def config_reference_markdown() -> str:
     """A Markdown reference of every config key (type, default, description), generated from the models."""
     from pydantic import BaseModel as _BM
 
+    from mlm_core.config import field_effect
+
     lines = ["# Configuration reference", "",
              "Generated from `mlm_core/config.py` by `mlm config docs --write` (a test keeps it in sync).",
-             "The JSON Schema is `schemas/config.schema.json`. Unknown keys are errors.", ""]
+             "The JSON Schema is `schemas/config.schema.json` (each key's `effect` is in it too). Unknown keys "
+             "are errors.", "",
+             "The **effect** column says what changing a key does to stored outputs; stage fingerprints and the "
+             "training checkpoints' key are derived from it:", "",
+             "- `output`: changes the stage's output (for pretrain: the trained weights). The stage and every "
+             "stage downstream of it are recomputed.",
+             "- `report`: changes only what the stage reports (for pretrain: validation cadence and size). The "
+             "stage and its downstream stages are recomputed, but training resumes from its checkpoints.",
+             "- `threshold`: a data-contract threshold. Nothing is recomputed: the stored output is re-validated "
+             "against the new value, and the stage fails if it no longer passes.",
+             "- `none`: speed or operations only (parallelism, logging, checkpoint cadence, device). Nothing is "
+             "recomputed; stored outputs and checkpoints are reused.", ""]
 
     def type_name(ann) -> str:
         s = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
@@ -181,14 +194,15 @@ def config_reference_markdown() -> str:
             if isinstance(target, type) and issubclass(target, _BM):
                 sub = f"{key}.<lang>" if isinstance(inner, _Container) else key
                 subs.append((target, sub + "."))
-                rows.append(f"| `{key}` | section | | {f.description or ''} |")
+                rows.append(f"| `{key}` | section | | | {f.description or ''} |")
                 continue
             default = "required" if f.is_required() else (
                 "[]" if f.default_factory is list else "{}" if f.default_factory is dict else repr(f.default))
-            rows.append(f"| `{key}` | `{type_name(f.annotation)}` | `{default}` | {f.description or ''} |")
+            rows.append(f"| `{key}` | `{type_name(f.annotation)}` | `{default}` | {field_effect(model, name)} | "
+                        f"{f.description or ''} |")
         title = prefix.rstrip(".") or "top level"
         lines.extend([f"## `{title}`", "", (model.__doc__ or "").strip(), "",
-                      "| key | type | default | meaning |", "|---|---|---|---|", *rows, ""])
+                      "| key | type | default | effect | meaning |", "|---|---|---|---|---|", *rows, ""])
         for m, p in subs:
             walk(m, p)
 

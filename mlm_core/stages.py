@@ -1,10 +1,16 @@
 """The stage graph: which stages exist, what each depends on, and how a run is planned.
 
 A stage is a plain function ``run(loaded_config, upstream_artifacts, out_dir) -> manifest fields``.
-Its fingerprint hashes its config section, its upstream fingerprints, its code version and (for
-stages reading raw files) a cheap description of the inputs. ``plan`` computes every stage's
-fingerprint and status without running anything; ``execute`` runs one stage through the store.
-Both the CLI and the Prefect flows go through these two functions.
+Its fingerprint hashes its config section, its upstream fingerprints, its ``code_version`` and (for
+stages reading raw files) a cheap description of the inputs. Which config fields are in the section is
+decided by each field's declared effect (``mlm_core.config``): ``output`` and ``report`` fields are;
+``threshold`` fields are not (they are re-checked against the stored output on every run, see
+``tasks/stage.py``), nor are ``none`` fields (speed, operations). ``output_key`` hashes the ``output``
+fields only, chained through the upstream output keys: pretrain keys its checkpoints by it, so a
+report-only change upstream or in pretrain resumes training instead of restarting it.
+
+``plan`` computes every stage's fingerprint and status without running anything; ``execute`` runs one
+stage through the store. Both the CLI and the Prefect flows go through these two functions.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from mlm_core.config import FINGERPRINTED, TRAJECTORY, PipelineConfig, effect_view, field_effect
 from mlm_core.configio import LoadedConfig
 from mlm_core.errors import PlanError
 from mlm_core.store import Artifact, StageStore, fingerprint
@@ -21,23 +28,65 @@ log = logging.getLogger(__name__)
 Status = Literal["done", "missing", "stale"]
 
 
-
 @dataclass(frozen=True)
 class StageSpec:
     name: str
     upstream: tuple[str, ...]
-    version: str
-    section: Callable[[LoadedConfig], dict]           # the config that determines the output
+    # Bump code_version when the stage's code changes what it writes for the same config and inputs: the
+    # fingerprint changes, so stored outputs of the old code are recomputed instead of silently reused.
+    code_version: str
+    reads: tuple[str, ...]                            # top-level config keys the stage reads (sections or values)
     run: Callable[..., dict]                          # (lc, upstream: dict[str, Artifact], out_dir) -> manifest fields
     inputs: Callable[[LoadedConfig], Any] | None = None
+    derived: Callable[[LoadedConfig], dict] | None = None   # values computed from output fields (scripts, alpha)
     summary: str = ""
 
 
-def _normalize_section(lc: LoadedConfig) -> dict:
+def _view(lc: LoadedConfig, name: str, effects: frozenset[str], sparse: bool = False) -> dict:
+    """The stage's config restricted to fields whose declared effect is in ``effects`` (mlm_core.config markers)."""
+    cfg, spec = lc.config, STAGES[name]
+    out: dict = {}
+    for key in spec.reads:
+        effect = field_effect(PipelineConfig, key)
+        if effect == "section":
+            sub = effect_view(getattr(cfg, key), effects, sparse)
+            if not (sparse and not sub):
+                out[key] = sub
+        elif effect in effects:
+            out[key] = getattr(cfg, key)
+    if spec.derived and effects & TRAJECTORY:      # derived values come from output fields
+        out |= spec.derived(lc)
+    return out
+
+
+def stage_config(lc: LoadedConfig, name: str) -> dict:
+    """What a stage's fingerprint hashes: its fields declared ``output`` or ``report`` (+ derived values)."""
+    return _view(lc, name, FINGERPRINTED)
+
+
+def stage_output_config(lc: LoadedConfig, name: str) -> dict:
+    """Its fields declared ``output`` only: what the stage's ``output_key`` (and pretrain's trajectory) hashes."""
+    return _view(lc, name, TRAJECTORY)
+
+
+def stage_thresholds(lc: LoadedConfig, name: str) -> dict:
+    """Its data-contract thresholds: in no fingerprint; checked against the stored output on every run."""
+    return _view(lc, name, frozenset({"threshold"}), sparse=True)
+
+
+def with_thresholds(manifest: dict, thresholds: dict) -> dict:
+    """``manifest`` with the current thresholds merged into its ``config`` (what the data contracts read)."""
+    def merge(a: dict, b: dict) -> dict:
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        return out
+    return {**manifest, "config": merge(manifest.get("config") or {}, thresholds)}
+
+
+def _normalize_scripts(lc: LoadedConfig) -> dict:
     cfg = lc.config
-    norm = cfg.normalize.model_dump(exclude={"workers", "memory_limit_mb"})   # speed knobs don't change the output
-    return {"sources": {k: v.model_dump() for k, v in sorted(cfg.sources.items())}, "normalize": norm,
-            "scripts": {lang: cfg.scripts_for(lang) for lang in cfg.languages}}
+    return {"scripts": {lang: cfg.scripts_for(lang) for lang in cfg.languages}}
 
 
 def _run_normalize(lc, upstream, out_dir):
@@ -50,29 +99,14 @@ def _normalize_inputs(lc):
     return input_fingerprint(lc)
 
 
-def _tokenizer_section(lc: LoadedConfig) -> dict:
-    cfg = lc.config
-    return {"tokenizer": cfg.tokenizer.model_dump(), "alpha": cfg.tokenizer_alpha, "seed": cfg.seed}
-
-
 def _run_tokenizer(lc, upstream, out_dir):
     from mlm_core.tokenizer import run_tokenizer
     return run_tokenizer(lc, upstream, out_dir)
 
 
-def _shards_section(lc: LoadedConfig) -> dict:
-    # speed knobs and the readers' verification policy don't change what is written
-    return {"shards": lc.config.shards.model_dump(exclude={"workers", "batch_docs", "verify"}),
-            "languages": lc.config.languages}
-
-
 def _run_shards(lc, upstream, out_dir):
     from mlm_core.shards import run_shards
     return run_shards(lc, upstream, out_dir)
-
-
-def _pretrain_section(lc: LoadedConfig) -> dict:
-    return {"pretrain": lc.config.pretrain.model_dump(mode="json", exclude={"log_every"}), "seed": lc.config.seed}
 
 
 def _run_pretrain(lc, upstream, out_dir, metrics_cb=None):
@@ -90,10 +124,6 @@ def _file_stats(lc: LoadedConfig, paths) -> list:
     return out
 
 
-def _evaluate_section(lc: LoadedConfig) -> dict:
-    return {"evaluate": lc.config.evaluate.model_dump(mode="json"), "seed": lc.config.seed}
-
-
 def _evaluate_inputs(lc: LoadedConfig):
     ev = lc.config.evaluate
     files = [p for t in (ev.upos, ev.classification) if t for p in [t.train, t.dev, *t.targets.values()] if p]
@@ -105,10 +135,6 @@ def _run_evaluate(lc, upstream, out_dir):
     return run_evaluate(lc, upstream, out_dir)
 
 
-def _audit_section(lc: LoadedConfig) -> dict:
-    return {"audit": lc.config.audit.model_dump(mode="json")}
-
-
 def _audit_inputs(lc: LoadedConfig):
     return _file_stats(lc, [*lc.config.audit.crows_pairs.values(), *lc.config.audit.templates.values()])
 
@@ -118,30 +144,30 @@ def _run_audit(lc, upstream, out_dir):
     return run_audit_stage(lc, upstream, out_dir)
 
 
-def _register_section(lc: LoadedConfig) -> dict:
-    return {"registry": lc.config.registry.model_dump(mode="json")}
-
-
 def _run_register(lc, upstream, out_dir):
     from mlm_core.register import run_register
     return run_register(lc, upstream, out_dir)
 
 
-# Versions: bump a stage's version when its code changes what it writes for the same config.
 STAGES: dict[str, StageSpec] = {
-    "normalize": StageSpec("normalize", (), "1", _normalize_section, _run_normalize,
-                           _normalize_inputs, "clean, filter and deduplicate the raw corpus per language"),
-    "tokenizer": StageSpec("tokenizer", ("normalize",), "1", _tokenizer_section, _run_tokenizer,
+    "normalize": StageSpec("normalize", (), "1", ("sources", "normalize"), _run_normalize, _normalize_inputs,
+                           _normalize_scripts, "clean, filter and deduplicate the raw corpus per language"),
+    "tokenizer": StageSpec("tokenizer", ("normalize",), "1", ("tokenizer", "seed"), _run_tokenizer,
+                           derived=lambda lc: {"alpha": lc.config.tokenizer_alpha},
                            summary="train a tokenizer on a language-balanced sample"),
-    "shards": StageSpec("shards", ("normalize", "tokenizer"), "1", _shards_section, _run_shards,
+    "shards": StageSpec("shards", ("normalize", "tokenizer"), "1", ("shards",), _run_shards,
+                        derived=lambda lc: {"languages": lc.config.languages},
                         summary="encode, pack and write Arrow shards with the language sampling table"),
-    "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), "1", _pretrain_section, _run_pretrain,
+    "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), "1", ("pretrain", "seed"), _run_pretrain,
                           summary="train the encoder (MLM or ELECTRA), checkpoint, export"),
-    "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), "1", _evaluate_section, _run_evaluate,
+    "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), "1", ("evaluate", "seed"), _run_evaluate,
                           _evaluate_inputs, summary="per-language metrics and zero-shot transfer"),
-    "audit": StageSpec("audit", ("pretrain",), "1", _audit_section, _run_audit, _audit_inputs,
+    "audit": StageSpec("audit", ("pretrain",), "1", ("audit",), _run_audit, _audit_inputs,
                        summary="CrowS-Pairs and template bias audits"),
-    "register": StageSpec("register", ("pretrain", "evaluate", "audit"), "1", _register_section, _run_register,
+    # registry.gates are declared "output" of this stage, not thresholds: the stage's output *is* the gate
+    # decision (gates.json, the model card), promotion follows it, and the stage is cheap and last, so
+    # recomputing it is how a gate change is re-evaluated.
+    "register": StageSpec("register", ("pretrain", "evaluate", "audit"), "1", ("registry",), _run_register,
                           summary="promotion gates and the model card"),
 }
 
@@ -166,7 +192,13 @@ class StagePlan:
     upstream: dict[str, str]
     path: Path
     status: Status
-    config: dict
+    config: dict             # the fingerprinted config (output + report fields); the manifest records it
+    output_key: str          # hash of the output fields and the upstream output keys
+    thresholds: dict         # the data-contract thresholds in force (not fingerprinted)
+
+    def params(self) -> dict:
+        """Config + thresholds: what a stage run logs as its parameters."""
+        return with_thresholds({"config": self.config}, self.thresholds)["config"]
 
     def as_row(self, store: StageStore) -> dict:
         size = store.load(self.name, self.fingerprint).size_bytes() if self.status == "done" else None
@@ -180,16 +212,19 @@ def plan(lc: LoadedConfig, store: StageStore | None = None) -> dict[str, StagePl
     out: dict[str, StagePlan] = {}
     for spec in STAGES.values():
         up = {u: out[u].fingerprint for u in spec.upstream}
-        section = spec.section(lc)
+        section = stage_config(lc, spec.name)
         inputs = spec.inputs(lc) if spec.inputs else None
-        fp = fingerprint(spec.name, spec.version, section, up, inputs)
+        fp = fingerprint(spec.name, spec.code_version, section, up, inputs)
+        key = fingerprint(spec.name, spec.code_version, stage_output_config(lc, spec.name),
+                          {u: out[u].output_key for u in spec.upstream}, inputs)
         if store.is_complete(spec.name, fp):
             status: Status = "done"
         elif store.complete_outputs(spec.name):
             status = "stale"
         else:
             status = "missing"
-        out[spec.name] = StagePlan(spec.name, fp, up, store.out_dir(spec.name, fp), status, section)
+        out[spec.name] = StagePlan(spec.name, fp, up, store.out_dir(spec.name, fp), status, section, key,
+                                   stage_thresholds(lc, spec.name))
     return out
 
 
@@ -214,6 +249,9 @@ def execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: boo
             store: StageStore | None = None, hooks: dict | None = None) -> tuple[Artifact, bool]:
     """Run one stage unless its output is complete (and not forced). Returns (artifact, cache_hit).
 
+    ``check(out_dir, manifest)`` (the data contract) sees the manifest with the current thresholds merged into
+    its ``config`` (``with_thresholds``); a cache hit is not checked here: the caller re-validates it
+    (``revalidate``), so a threshold change never recomputes an output but always re-checks it.
     ``hooks``: optional callbacks passed to the stage function by name (e.g. ``metrics_cb`` for pretrain,
     called with each training metrics record so the caller can stream them to a tracker)."""
     store = store or StageStore(lc.workdir)
@@ -226,8 +264,11 @@ def execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: boo
         if not store.is_complete(u, ufp):
             raise PlanError(f"stage {name!r} needs {u!r} output {ufp}, which is missing: run stage {u!r} first")
         upstream[u] = store.load(u, ufp, verify=lc.config.verify)   # corrupt: CorruptOutputError
-    base = {"config": p.config, "upstream": p.upstream, "version": spec.version}
+    # thresholds: those the output was validated against when written (a cache hit under others re-validates)
+    base = {"config": p.config, "upstream": p.upstream, "code_version": spec.code_version,
+            "output_key": p.output_key, "thresholds": p.thresholds}
     log.info("%s: running (%s)", name, p.fingerprint)
+    checked = None if check is None else (lambda out, manifest: check(out, with_thresholds(manifest, p.thresholds)))
     art = store.write(name, p.fingerprint, lambda out: spec.run(lc, upstream, out, **(hooks or {})), base,
-                      check=check)
+                      check=checked)
     return art, False

@@ -75,6 +75,14 @@ def _tokenizer_tables(out_dir: Path, options: dict) -> dict:
     no_spaces = {lang: bool(s.get("no_spaces")) for lang, s in manifest["languages"].items()}
     stats["fertility"] = [row.tokens_per_char if no_spaces.get(row.lang) else row.tokens_per_word
                           for row in stats.itertuples()]
+    # limits from the thresholds in force (merged into manifest["config"] by mlm_core.stages.with_thresholds),
+    # not the columns written with the output: a threshold change re-validates a stored tokenizer
+    limits = manifest.get("config", {}).get("tokenizer", {})
+    if "max_fertility" in limits:
+        per_lang = limits.get("max_fertility_per_lang") or {}
+        stats["max_fertility"] = [float(per_lang.get(lang, limits["max_fertility"])) for lang in stats["lang"]]
+    if "max_unk_rate" in limits:
+        stats["max_unk_rate"] = float(limits["max_unk_rate"])
     tok = json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))
     added = {t["content"]: t["id"] for t in tok.get("added_tokens", [])}
     specials = pd.DataFrame([{"role": role, "declared": f"{role}={t['token']}:{t['id']}",

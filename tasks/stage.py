@@ -5,7 +5,10 @@ payload). Out: a ``StageResult`` dict (stage, fingerprint, path, cache hit, MLfl
 
 1. ``mlm_core.stages.execute`` runs the stage into a temporary folder, or reuses the stored output;
 2. the output's data contract (``schemas/<stage>.suite.json``) is checked *before* the output is
-   renamed into place, so an output that failed validation never becomes "complete";
+   renamed into place, so an output that failed validation never becomes "complete"; the contract's
+   thresholds (config fields declared ``threshold``) are not in the fingerprint: a stored output reused
+   under thresholds other than those it was validated with is re-validated, never recomputed, and the
+   stage fails if it no longer passes;
 3. a nested MLflow run records config, statistics, manifest, validation result and lineage;
 4. Prefect markdown + table artifacts summarize it in the UI.
 """
@@ -33,6 +36,15 @@ log = logging.getLogger(__name__)
 POST_LOG = {"pretrain": registry.register_pretrained, "register": registry.promote}
 # Stages whose function takes a ``metrics_cb``: their MLflow run opens first and receives the metrics live.
 STREAMS_METRICS = {"pretrain"}
+
+
+def revalidate(name: str, art, plan, seed: int):
+    """Re-check a reused output when the thresholds in force differ from those it was validated with.
+
+    Returns the ValidationReport (None when nothing changed); raises ValidationFailed when it now fails."""
+    if plan.thresholds == art.manifest.get("thresholds"):
+        return None
+    return validate_stage(name, art.path, stages.with_thresholds(art.manifest, plan.thresholds), seed=seed)
 
 
 def _logger():
@@ -64,11 +76,14 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
         live = tracker.start_stage(name, plans[name].fingerprint)   # training curves appear while it trains
         if live is not None:
             hooks["metrics_cb"] = lambda rec: tracker.log_history(live, [rec])
+    hit = False
     try:
         art, hit = stages.execute(lc, name, plans, force=force, check=check, store=store, hooks=hooks)
+        if hit:
+            reports["validation"] = revalidate(name, art, plans[name], lc.config.seed)
     except ValidationFailed as exc:
-        run_id = tracker.log_stage(name, fingerprint=plans[name].fingerprint, cache_hit=False,
-                                   params=plans[name].config, metrics={},
+        run_id = tracker.log_stage(name, fingerprint=plans[name].fingerprint, cache_hit=hit,
+                                   params=plans[name].params(), metrics={},
                                    dicts={"validation/result.json": exc.report.to_json()},
                                    tags={"validation": "failed"}, status="FAILED", run_id=live)
         tracker.log_text(run_id, exc.report.summary_markdown(), "validation/summary.md")
@@ -89,7 +104,7 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
     with tempfile.TemporaryDirectory() as tmp:
         figures = publish.plots(name, art, tmp) if tracker.enabled else []
         run_id = tracker.log_stage(
-            name, fingerprint=art.fingerprint, cache_hit=hit, params=plans[name].config, metrics=metrics,
+            name, fingerprint=art.fingerprint, cache_hit=hit, params=plans[name].params(), metrics=metrics,
             dicts=dicts, tables=publish.stat_tables(name, art), inputs=publish.lineage(name, art, lc),
             tags=tags, artifacts=figures, artifact_dir="plots", run_id=live)
     if report is not None:

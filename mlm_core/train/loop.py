@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlm_core.config import PretrainConfig
+from mlm_core.config import PretrainConfig, field_effect, trajectory_view
 from mlm_core.model.electra import ElectraModel  # noqa: F401 - re-exported (mlm_core.train.loop.ElectraModel)
 from mlm_core.train import checkpoint as ckpt
 from mlm_core.train.evaluator import Evaluator, derive
@@ -40,8 +40,9 @@ from mlm_core.train.optim import build_optimizer
 
 log = logging.getLogger(__name__)
 PEAK_FLOPS = {"cpu": 175e9, "cuda": 989e12}      # defaults when cfg.peak_flops is unset (per process)
-_NO_EVAL = ("log_every", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "device",
-            "registered_model", "peak_flops", "distributed")
+# PretrainConfig fields that do not change the trained weights (declared effect other than "output" in
+# mlm_core.config); nested sections (model, masking, distributed...) are filtered field by field in train_fingerprint.
+_NO_EVAL = tuple(n for n in PretrainConfig.model_fields if field_effect(PretrainConfig, n) not in ("output", "section"))
 
 
 # ------------------------------------------------------------------------------------------------ models
@@ -54,8 +55,9 @@ def build_model(cfg: PretrainConfig, vocab_size: int, pad_id: int,
 
 
 def train_fingerprint(cfg: PretrainConfig, seed: int) -> str:
-    """What determines the trajectory (logging/eval/checkpoint cadence and placement excluded)."""
-    return ckpt.config_fingerprint({"pretrain": cfg.model_dump(mode="json", exclude=set(_NO_EVAL)), "seed": seed})
+    """What determines the trajectory: the fields declared "output" (mlm_core.config markers) and the seed;
+    logging/eval/checkpoint cadence and placement are left out, so changing them resumes from a checkpoint."""
+    return ckpt.config_fingerprint({"pretrain": trajectory_view(cfg), "seed": seed})
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -217,6 +219,7 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     vocab, T = int(data.manifest["vocab_size"]), data.seq_len
     core = model.to(device)
     objective = objective_of(core, cfg)
+    objective.prepare(core, sorted(specials.values()))
     arch = objective.arch(core)
     model = wrap_model(core, cfg.distributed, device, world_size)
     opt, sched = build_optimizer(model, cfg)

@@ -3,18 +3,24 @@
 In: ``upstream["shards"]`` (a shards Artifact) and ``upstream["tokenizer"]`` (its tokenizer.json and special
 tokens), ``lc.config.pretrain`` and ``lc.config.seed``. Out (in ``out_dir``):
 
-  model.safetensors   the encoder (the discriminator for ELECTRA); its Arch is in the safetensors metadata
-  model_config.json   the Arch as JSON (+ objective)
-  generator.safetensors  ELECTRA only: the generator (shares the word embeddings)
+  model.safetensors   the masked language model (for ELECTRA: the generator, the model that fills masks;
+                      evaluate, PLL, fill-mask and the audit score it); its Arch is in the safetensors metadata
+  model_config.json   the Arch as JSON (+ objective; ELECTRA: "mlm_model": "generator" + the discriminator's Arch)
+  discriminator.safetensors  ELECTRA only: the discriminator (encoder + replaced-token head), the encoder to
+                      fine-tune; scored by evaluate's replaced-token detection metrics
   tokenizer.json      copied from the tokenizer stage
   metrics.jsonl       one record per log step / eval pass (see ``loop``)
   eval.json           per-language validation loss and masked accuracy, and the unigram baseline accuracy
-  hf/                 a transformers ``BertForMaskedLM`` folder when the architecture exports (else a note)
+  hf/                 a transformers ``BertForMaskedLM`` folder when the architecture exports (else a note);
+                      ELECTRA: ``ElectraForMaskedLM`` (generator) + hf-discriminator/ ``ElectraForPreTraining``
 
-Resume across killed runs: the store gives each attempt a fresh temporary folder
-(``<workdir>/pretrain/.tmp-<fingerprint>-<pid>-<nonce>``), so checkpoints live in a stable folder keyed by
-the stage fingerprint: ``<workdir>/pretrain-checkpoints/<fingerprint>/`` (``checkpoints/`` + metrics.jsonl).
-Rerunning the same config resumes from its newest complete checkpoint. Pass ``checkpoint_dir`` to override.
+Resume across killed runs and config changes: the store gives each attempt a fresh temporary folder, so
+checkpoints live in a stable folder keyed by the training *trajectory*, not by the stage fingerprint:
+``<workdir>/pretrain-checkpoints/<trajectory key>/`` (``checkpoints/`` + metrics.jsonl). The key hashes the
+pretrain fields declared ``output`` (``loop.train_fingerprint``: what the weights depend on), the seed, the
+upstream shards/tokenizer output keys and pretrain's code_version. Changing a knob that does not change the
+weights (checkpoint_every, eval_every, log_every, device, ...) therefore resumes from the newest complete
+checkpoint instead of restarting at step 0. Pass ``checkpoint_dir`` to override.
 Training runs in-process for one process, else under torchrun (``distributed``).
 """
 from __future__ import annotations
@@ -30,11 +36,22 @@ from mlm_core.errors import StageError
 log = logging.getLogger(__name__)
 
 
-def default_checkpoint_dir(lc, out_dir: Path) -> Path:
-    """``<workdir>/pretrain-checkpoints/<fingerprint>``; the fingerprint is parsed from the store's temp folder name."""
-    name = Path(out_dir).name
-    fp = name.split("-")[1] if name.startswith(".tmp-") and name.count("-") >= 2 else name
-    return Path(lc.workdir) / "pretrain-checkpoints" / fp
+def trajectory_key(lc, upstream: dict) -> str:
+    """The training-trajectory key: equal for two configs exactly when their training runs are the same."""
+    from mlm_core.stages import STAGES
+    from mlm_core.train.checkpoint import config_fingerprint
+    from mlm_core.train.loop import train_fingerprint
+
+    # upstream output keys (hash of their "output" fields), so a report-only change upstream (e.g.
+    # shards.token_budget) keeps the trajectory; outputs written before output keys fall back to the fingerprint
+    ups = {u: upstream[u].manifest.get("output_key") or upstream[u].fingerprint for u in ("shards", "tokenizer")}
+    return config_fingerprint({"train": train_fingerprint(lc.config.pretrain, lc.config.seed), "upstream": ups,
+                               "code_version": STAGES["pretrain"].code_version})
+
+
+def default_checkpoint_dir(lc, upstream: dict) -> Path:
+    """``<workdir>/pretrain-checkpoints/<trajectory key>``."""
+    return Path(lc.workdir) / "pretrain-checkpoints" / trajectory_key(lc, upstream)
 
 
 def _check_inputs(cfg, shards, tok) -> None:
@@ -66,7 +83,7 @@ def run_pretrain(lc, upstream: dict, out_dir: Path, *, checkpoint_dir: Path | No
     shards, tok = upstream["shards"], upstream["tokenizer"]
     _check_inputs(cfg, shards, tok)
     out_dir = Path(out_dir)
-    work = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(lc, out_dir)
+    work = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(lc, upstream)
     work.mkdir(parents=True, exist_ok=True)
     specials = shards.manifest["special_tokens"]
     vocab, pad = int(shards.manifest["vocab_size"]), int(specials["pad"]["id"])
@@ -93,12 +110,13 @@ def run_pretrain(lc, upstream: dict, out_dir: Path, *, checkpoint_dir: Path | No
         model.load_state_dict(sd, strict=True)
 
     electra = isinstance(model, ElectraModel)
-    encoder = model.disc if electra else model
+    encoder = model.gen if electra else model       # the MLM: ELECTRA's discriminator has no MLM head
     save_weights(encoder, out_dir / "model.safetensors")
+    extra = {}
     if electra:
-        from safetensors.torch import save_model
-        save_model(model.gen, str(out_dir / "generator.safetensors"))
-    write_json_atomic(out_dir / "model_config.json", {**encoder.arch.to_dict(), "objective": cfg.objective})
+        save_weights(model.disc, out_dir / "discriminator.safetensors")
+        extra = {"mlm_model": "generator", "discriminator": model.disc.arch.to_dict()}
+    write_json_atomic(out_dir / "model_config.json", {**encoder.arch.to_dict(), "objective": cfg.objective, **extra})
     shutil.copyfile(Path(tok.path) / "tokenizer.json", out_dir / "tokenizer.json")
     if (work / "metrics.jsonl").exists():
         shutil.copyfile(work / "metrics.jsonl", out_dir / "metrics.jsonl")
@@ -107,8 +125,13 @@ def run_pretrain(lc, upstream: dict, out_dir: Path, *, checkpoint_dir: Path | No
                                               "unigram_top": result.get("unigram_top", {})})
     export, note = None, None
     if electra:
-        note = ("ELECTRA: model.safetensors holds the discriminator, whose MLM head is untrained; a "
-                "BertForMaskedLM export would predict nonsense, so none was written")
+        from mlm_core.model.export_electra import DISCRIMINATOR_DIR, GENERATOR_DIR, export_electra
+        try:
+            export_electra(model.gen, model.disc, out_dir, Path(tok.path) / "tokenizer.json", specials)
+            export, extra["export_discriminator"] = GENERATOR_DIR, DISCRIMINATOR_DIR
+        except ExportError as e:
+            note = str(e)
+            log.warning("pretrain: no Hugging Face export: %s", e)
     else:
         try:
             export_hf(encoder, out_dir / "hf", Path(tok.path) / "tokenizer.json", specials)
@@ -120,15 +143,16 @@ def run_pretrain(lc, upstream: dict, out_dir: Path, *, checkpoint_dir: Path | No
     if not all(beats.values()):
         log.warning("pretrain: validation masked accuracy does not beat the unigram baseline for %s",
                     sorted(lg for lg, ok in beats.items() if not ok))
-    params = encoder.num_params(non_embedding=False)
+    params = sum(p.numel() for p in model.parameters())     # shared tensors once (ELECTRA: both networks)
     metrics = {"final_loss": result["final_loss"]}
     for lg, r in evals.items():
         metrics |= {f"{lg}.val_loss": r["loss"], f"{lg}.val_acc": r["acc"], f"{lg}.baseline_acc": r["baseline_acc"]}
+        metrics |= {f"{lg}.val_{k}": r[k] for k in ("disc_acc", "disc_auc", "disc_baseline_acc") if k in r}
     return {"arch": encoder.arch.to_dict(), "objective": cfg.objective, "steps": result["step"],
             "tokens": result["tokens"], "final_loss": result["final_loss"], "eval": evals, "baseline": baseline,
             "beats_baseline": beats, "export": export, "export_note": note,
             "counts": {"steps": result["step"], "tokens": result["tokens"], "params": params},
-            "metrics": metrics, "checkpoint_dir": str(work), "resumed_from": result.get("resumed_from")}
+            "metrics": metrics, "checkpoint_dir": str(work), "resumed_from": result.get("resumed_from"), **extra}
 
 
-__all__ = ["run_pretrain", "default_checkpoint_dir"]
+__all__ = ["run_pretrain", "default_checkpoint_dir", "trajectory_key"]
