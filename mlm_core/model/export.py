@@ -19,11 +19,12 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_model, save_file, save_model
+from safetensors.torch import load_model, save_file
 
 from mlm_core.errors import MlmError
 from mlm_core.model.encoder import LN_EPS, MLMEncoder
 from mlm_core.model.sizes import Arch
+from mlm_core.tensorfile import save_module
 
 SPECIAL_KEYS = ("pad", "unk", "cls", "sep", "mask")
 
@@ -37,7 +38,8 @@ def save_weights(model: MLMEncoder, path: Path) -> None:
     """Write the weights as safetensors (a tied tensor stored once); the Arch goes into the metadata."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(path), metadata={"format": "pt", "arch": json.dumps(model.arch.to_dict())})
+    # through mlm_core.tensorfile: safetensors orders a multi-key metadata header differently in every process
+    save_module(model, path, metadata={"format": "pt", "arch": json.dumps(model.arch.to_dict(), sort_keys=True)})
 
 
 def load_weights(model: MLMEncoder, path: Path) -> None:
