@@ -159,14 +159,15 @@ def cmd_stats(args) -> int:
     return 0
 
 
-def _model_folder(args, lc=None) -> Path:
-    """A local folder for MODEL: a folder as is, or a registry URI resolved with the config's tracking settings."""
+def _model_folder(args, lc=None):
+    """A context manager giving a local folder for MODEL: a folder as is, or a registry URI resolved with the
+    config's tracking settings, else $MLM_TRACKING_URI (none: a clear error, never a new ./.mlm/mlflow.db);
+    a downloaded model's temporary folder is removed on exit."""
     prepare_env()
     uri = os.environ.get("MLM_TRACKING_URI")
     if lc is not None:
         from tasks.tracking import resolve_tracking_uri
         uri = resolve_tracking_uri(lc.config.tracking, lc.workdir)
-    uri = uri or f"sqlite:///{Path('.mlm').resolve()}/mlflow.db"
     from tasks.registry import resolve_model
     return resolve_model(args.model, uri)
 
@@ -192,8 +193,8 @@ def cmd_evaluate(args) -> int:
         if plans[need].status != "done":
             raise stages.PlanError(f"`mlm evaluate` needs the {need} output (held-out data), which is "
                                    f"{plans[need].status}: run `mlm run {args.config} --only {need}` first")
-    folder = _model_folder(args, lc)
-    result = evaluate_model(folder, plans["shards"].path, plans["normalize"].path, lc, None)
+    with _model_folder(args, lc) as folder:
+        result = evaluate_model(folder, plans["shards"].path, plans["normalize"].path, lc, None)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return 0
@@ -207,8 +208,8 @@ def cmd_evaluate(args) -> int:
 def cmd_audit(args) -> int:
     from mlm_core.audit import run_audit
     lc = _load(args)
-    folder = _model_folder(args, lc)
-    result = run_audit(folder, lc.config.audit, lc.base_dir)
+    with _model_folder(args, lc) as folder:
+        result = run_audit(folder, lc.config.audit, lc.base_dir)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return 0
@@ -225,8 +226,8 @@ def cmd_audit(args) -> int:
 
 def cmd_fill_mask(args) -> int:
     from mlm_core.fillmask import fill_mask
-    folder = _model_folder(args, _load(args) if args.config else None)
-    results = fill_mask(folder, args.text, args.top_k)
+    with _model_folder(args, _load(args) if args.config else None) as folder:
+        results = fill_mask(folder, args.text, args.top_k)
     if args.json:
         print(json.dumps(results, indent=2, ensure_ascii=False))
         return 0
@@ -295,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     fm.add_argument("text", help="text containing the mask token, e.g. 'The cat [MASK] on the mat.'")
     fm.add_argument("--top-k", type=int, default=5)
     fm.add_argument("--config", help="pipeline YAML whose tracking settings locate the registry (default: "
-                    "$MLM_TRACKING_URI, else ./.mlm/mlflow.db)")
+                    "$MLM_TRACKING_URI; needed for a models:/ address when that is unset)")
     fm.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="config override")
     fm.add_argument("--json", action="store_true")
     fm.set_defaults(func=cmd_fill_mask)

@@ -7,15 +7,20 @@ tokenizer and config fingerprints. Never a pickle. Promotion to ``champion`` bel
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from mlm_core.errors import MlmError
+from mlm_core.redact import redact
 from mlm_core.store import Artifact
 from tasks import tracking
 
 log = logging.getLogger(__name__)
+_HEX = re.compile(r"[0-9a-f]{1,64}")
 
 
 class RegistryError(MlmError):
@@ -66,42 +71,79 @@ def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | 
 
 
 def _version_for(tracker: tracking.Tracker, name: str, fingerprint: str) -> int | None:
+    """The newest version of ``name`` registered for pretrain output ``fingerprint`` (None if none).
+
+    The registry filter holds only the fingerprint, checked to be lowercase hex first; the model name is
+    compared in Python. A name is free text (MLflow accepts ``it's`` or ``say "hi"``), and no quoting in
+    MLflow's filter grammar can hold both quote characters, so it never goes into a filter string."""
     from mlflow.exceptions import MlflowException
+    if not _HEX.fullmatch(fingerprint or ""):
+        raise RegistryError(f"pretrain fingerprint {fingerprint!r} is not a hex digest; the stage store is damaged")
+    hits, token = [], None
     try:
-        versions = tracker.client.search_model_versions(f"name = '{name}'")
-    except MlflowException:
+        while True:
+            page = tracker.client.search_model_versions(f"tags.pretrain_fingerprint = '{fingerprint}'",
+                                                        page_token=token)
+            hits += [int(v.version) for v in page
+                     if v.name == name and (v.tags or {}).get("pretrain_fingerprint") == fingerprint]
+            token = page.token
+            if not token:
+                break
+    except MlflowException as exc:
+        log.warning("registry: searching the versions of %r failed (%s); treating it as not registered",
+                    name, redact(exc.message.splitlines()[0] if exc.message else exc))
         return None
-    hits = [int(v.version) for v in versions if (v.tags or {}).get("pretrain_fingerprint") == fingerprint]
     return max(hits) if hits else None
 
 
-def resolve_model(ref: str, tracking_uri: str) -> Path:
-    """A local folder for ``ref``: an existing folder as is, or ``models:/name@alias`` / ``models:/name/3``
-    downloaded from the registry. Unknown models fail listing the registered ones."""
+def _parse_ref(ref: str) -> tuple[str, str | None, str | None]:
+    body = ref[len("models:/"):]
+    if "@" in body:
+        name, alias = body.split("@", 1)
+        return name, alias, None
+    if "/" in body:
+        name, version = body.rsplit("/", 1)
+        return name, None, version
+    raise RegistryError(f"{ref}: expected models:/NAME@ALIAS or models:/NAME/VERSION")
+
+
+@contextlib.contextmanager
+def resolve_model(ref: str, tracking_uri: str | None) -> Iterator[Path]:
+    """A local folder for ``ref``, as a context manager: an existing folder as is, or ``models:/name@alias`` /
+    ``models:/name/3`` downloaded from the registry into a temporary folder that is removed on exit (it
+    used to be left behind on every call). Unknown models fail listing the registered ones.
+
+    ``tracking_uri`` None (no config and no $MLM_TRACKING_URI) fails clearly for a registry address, and a
+    SQLite registry that does not exist is not created: resolving an address must leave no file behind
+    (MLflow would otherwise create an empty database, e.g. ./.mlm/mlflow.db in the current directory)."""
     p = Path(ref)
     if not ref.startswith("models:/"):
         if not p.is_dir():
             raise RegistryError(f"{ref}: not a folder and not a models:/name@alias URI")
-        return p
+        yield p
+        return
+    if not tracking_uri:
+        raise RegistryError(f"{ref}: no model registry to look it up in: pass --config CONFIG (its tracking "
+                            f"settings locate the registry) or set $MLM_TRACKING_URI")
+    db = tracking._sqlite_path(tracking_uri)
+    if db is not None and not db.is_file():
+        raise RegistryError(f"{ref}: no model registry at {redact(tracking_uri)} (the database {db} does not exist; "
+                            f"run the pipeline with tracking first, or point --config / $MLM_TRACKING_URI at it)")
     import mlflow
     from mlflow.exceptions import MlflowException
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_registry_uri(tracking_uri)
-    body = ref[len("models:/"):]
-    name, alias, version = body, None, None
-    if "@" in body:
-        name, alias = body.split("@", 1)
-    elif "/" in body:
-        name, version = body.split("/", 1)
+    name, alias, version = _parse_ref(ref)
     client = tracking._client(tracking_uri)
     try:
         mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
     except MlflowException as exc:
         known = tracking.list_registered_models(tracking_uri)
-        raise RegistryError(f"{ref}: not found in the registry at {tracking_uri} ({exc.message.splitlines()[0]}); "
+        raise RegistryError(f"{ref}: not found in the registry at {redact(tracking_uri)} "
+                            f"({redact(exc.message.splitlines()[0])}); "
                             f"registered models: {', '.join(known) or 'none'}") from None
-    dest = Path(tempfile.mkdtemp(prefix="mlm-model-"))
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=str(dest)))
+    with tempfile.TemporaryDirectory(prefix="mlm-model-") as dest:
+        # tracking_uri/registry_uri passed explicitly: no process-wide mlflow.set_tracking_uri side effect
+        yield Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=dest,
+                                                       tracking_uri=tracking_uri, registry_uri=tracking_uri))
 
 
 def promote(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) -> int | None:
