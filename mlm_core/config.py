@@ -419,6 +419,13 @@ class GatesConfig(Section):
         json_schema_extra={"effect": "output"})
     max_transfer_gap: float | None = Field(default=None, ge=0, description="Maximum zero-shot transfer gap (source − target score).",
         json_schema_extra={"effect": "output"})
+    min_rtd_acc_over_baseline: float | None = Field(
+        default=None, ge=-1, le=1, description="ELECTRA: minimum margin of the discriminator's replaced-token "
+        "detection accuracy over predicting 'original' everywhere, in every language (fraction of tokens). "
+        "A model without a discriminator fails it.", json_schema_extra={"effect": "output"})
+    min_rtd_auc: float | None = Field(
+        default=None, ge=0, le=1, description="ELECTRA: minimum ROC AUC of the discriminator's replaced-token "
+        "logits on held-out rows, in every language (0.5 = chance).", json_schema_extra={"effect": "output"})
 
 
 class RegistryConfig(Section):

@@ -6,7 +6,8 @@ gates), and ``all_passed``.
 
 Evaluation shape read here (missing keys fail the gate that needs them, with a detail saying what is
 missing; nothing is read as zero):
-    {"intrinsic": {lang: {"top1", "baseline_top1", "ece", "missing"?: bool | reason}},
+    {"intrinsic": {lang: {"top1", "baseline_top1", "ece", "rtd_acc"?, "rtd_baseline_acc"?, "rtd_auc"?,
+                          "missing"?: bool | reason}},
      "transfer": {task: {"source_score", "targets": {lang: {"score", "missing"?}}}}}
 Audit shape: {"crows": {lang: {"metric_score"}}}.
 """
@@ -71,6 +72,18 @@ def _margin(rec):
     return t - b, ""
 
 
+def _rtd_margin(rec):
+    a, b = _num(rec.get("rtd_acc")), _num(rec.get("rtd_baseline_acc"))
+    if a is None or b is None:
+        return None, "no replaced-token detection metrics (not an ELECTRA discriminator)"
+    return a - b, ""
+
+
+def _rtd_auc(rec):
+    v = _num(rec.get("rtd_auc"))
+    return v, ("" if v is not None else "no replaced-token detection AUC (not an ELECTRA discriminator)")
+
+
 def _ece(rec):
     v = _num(rec.get("ece"))
     return v, ("" if v is not None else "ece not reported")
@@ -127,7 +140,8 @@ def _transfer_gate(evaluation: dict, threshold: float) -> list:
 def evaluate_gates(gates, evaluation: dict, audit: dict) -> list[GateResult]:
     """Every declared gate (``gates``: a ``GatesConfig``; a None threshold is not declared and not listed).
 
-    min_top1, min_top1_over_baseline, max_ece: one result per evaluated language; a language marked
+    min_top1, min_top1_over_baseline, max_ece, min_rtd_acc_over_baseline, min_rtd_auc (ELECTRA's
+    discriminator): one result per evaluated language; a language marked
     ``missing`` fails with "no held-out data". max_crows_deviation: one per audited language,
     |metric score − 50|. max_transfer_gap: one result, the largest source − target score over tasks and
     target languages. A gate whose input is absent fails with a detail naming what is absent.
@@ -141,6 +155,11 @@ def evaluate_gates(gates, evaluation: dict, audit: dict) -> list[GateResult]:
                                 "top1 - baseline_top1", _margin)
     if gates.max_ece is not None:
         out += _intrinsic_gates(evaluation, "max_ece", gates.max_ece, False, "ECE", _ece)
+    if getattr(gates, "min_rtd_acc_over_baseline", None) is not None:
+        out += _intrinsic_gates(evaluation, "min_rtd_acc_over_baseline", gates.min_rtd_acc_over_baseline, True,
+                                "rtd_acc - rtd_baseline_acc", _rtd_margin)
+    if getattr(gates, "min_rtd_auc", None) is not None:
+        out += _intrinsic_gates(evaluation, "min_rtd_auc", gates.min_rtd_auc, True, "rtd_auc", _rtd_auc)
     if gates.max_crows_deviation is not None:
         out += _crows_gates(audit, gates.max_crows_deviation)
     if gates.max_transfer_gap is not None:

@@ -227,15 +227,24 @@ def validation_texts(normalize_dir: Path, langs: list[str], fraction: float | No
 def run_intrinsic(model_dir: Path, shards_dir: Path, normalize_dir: Path | None, cfg, seed: int = 0,
                   plot_path: Path | None = None) -> dict:
     """Load the model folder, the shard set and (for PLL) the normalized documents; returns
-    {"intrinsic": evaluate_intrinsic(...), "pll": evaluate_pll(...) or {} without normalize_dir}.
+    {"intrinsic": evaluate_intrinsic(...), "pll": evaluate_pll(...) or {} without normalize_dir, "mlm_model"}.
+    An ELECTRA folder: model.safetensors is the generator, so the MLM metrics and PLL are the generator's
+    ("mlm_model": "generator"), and each language also gets the discriminator's replaced-token detection
+    metrics (``rtd``: rtd_acc, rtd_auc, rtd_baseline_acc, ...).
     ``plot_path``: also write the reliability diagrams there."""
     from mlm_core.evaluate.pll import evaluate_pll
     from mlm_core.fillmask import load_model_dir
     from mlm_core.shards.reader import ShardDataset
     model, tok, _mask = load_model_dir(Path(model_dir))
+    disc = load_discriminator(Path(model_dir))
     with ShardDataset(shards_dir) as ds:
         specials = special_ids_from_manifest(ds.manifest)
         intrinsic = evaluate_intrinsic(model, ds, cfg, specials, seed=seed)
+        if disc is not None:             # ELECTRA: the MLM metrics above are the generator's; add the discriminator's
+            from mlm_core.evaluate.rtd import evaluate_rtd
+            for lang, r in evaluate_rtd(model, disc, ds, cfg, specials, seed=seed).items():
+                if not r.get("missing") and not intrinsic.get(lang, {}).get("missing"):
+                    intrinsic[lang] |= r
         fraction = (ds.manifest.get("config", {}).get("shards", {}) or {}).get("validation_fraction")
         langs = sorted(intrinsic)
         seq_len = ds.seq_len
@@ -247,7 +256,19 @@ def run_intrinsic(model_dir: Path, shards_dir: Path, normalize_dir: Path | None,
         texts = {lang: texts.get(lang, []) for lang in langs}
         # score at most one shard row's worth of content per text: PLL costs one forward pass per token
         pll = evaluate_pll(model, tok, texts, cfg, special_ids=specials, max_tokens=seq_len - 2)
-    return {"intrinsic": intrinsic, "pll": pll}
+    return {"intrinsic": intrinsic, "pll": pll, "mlm_model": "generator" if disc is not None else "model"}
+
+
+def load_discriminator(model_dir: Path):
+    """An ELECTRA pretrain output's discriminator (``discriminator.safetensors``), or None for an MLM folder."""
+    f = Path(model_dir) / "discriminator.safetensors"
+    if not f.is_file():
+        return None
+    from mlm_core.model.electra import Discriminator
+    from mlm_core.model.export import load_weights, read_arch
+    disc = Discriminator(read_arch(f))
+    load_weights(disc, f)
+    return disc.eval()
 
 
 __all__ = ["evaluate_intrinsic", "expected_calibration_error", "rank_metrics", "unigram_counts", "frequency_ranks",

@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 
 INTRINSIC_KEYS = ("n_positions", "top1", "top5", "mrr", "loss", "perplexity", "ece",
-                  "baseline_top1", "baseline_top5", "baseline_mrr")
+                  "baseline_top1", "baseline_top5", "baseline_mrr",
+                  # ELECTRA only (None otherwise): the discriminator's replaced-token detection
+                  "rtd_acc", "rtd_auc", "rtd_baseline_acc")
 
 
 def evaluate_model(model_dir: Path, shards_dir: Path, normalize_dir: Path | None, lc, out_dir: Path | None) -> dict:
@@ -58,7 +60,8 @@ def transfer_rows(result: dict) -> list[dict]:
 def flat_metrics(result: dict) -> dict[str, float]:
     out = {}
     for row in intrinsic_rows(result):
-        for k in ("top1", "top5", "mrr", "perplexity", "ece", "baseline_top1", "pseudo_perplexity"):
+        for k in ("top1", "top5", "mrr", "perplexity", "ece", "baseline_top1", "pseudo_perplexity",
+                  "rtd_acc", "rtd_auc", "rtd_baseline_acc"):
             if isinstance(row.get(k), (int, float)):
                 out[f"{row['lang']}.{k}"] = float(row[k])
     for row in transfer_rows(result):
@@ -80,6 +83,7 @@ def run_evaluate(lc, upstream: dict, out_dir: Path) -> dict:
                         ("source_score", pa.float64()), ("gap", pa.float64()), ("majority_baseline", pa.float64())])
     pq.write_table(pa.Table.from_pylist(transfer_rows(result), schema=schema), out_dir / "transfer.parquet")
     missing = [r["lang"] for r in intrinsic if r["missing"]]
-    return {"languages": {r["lang"]: {k: v for k, v in r.items() if k != "lang"} for r in intrinsic},
+    return {"mlm_model": result.get("mlm_model", "model"),
+            "languages": {r["lang"]: {k: v for k, v in r.items() if k != "lang"} for r in intrinsic},
             "missing_languages": missing, "transfer": transfer_rows(result), "metrics": flat_metrics(result),
             "counts": {"languages": len(intrinsic), "missing": len(missing)}}

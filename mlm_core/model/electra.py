@@ -82,9 +82,13 @@ class ElectraModel(nn.Module):
             setattr(self.gen, name, getattr(self.disc, name))      # one module, one set of tensors
         if self.gen.arch.tie_embeddings:
             self.gen.decoder.weight = self.gen.tok_emb.weight
-        disallowed = torch.zeros(disc_arch.vocab_size, dtype=torch.bool)
-        disallowed[sorted(set(special_ids or []) | {disc_arch.pad_id})] = True
-        self.register_buffer("disallowed", disallowed, persistent=False)
+        self.register_buffer("disallowed", torch.zeros(disc_arch.vocab_size, dtype=torch.bool), persistent=False)
+        self.set_special_ids(special_ids or [])
+
+    def set_special_ids(self, special_ids: list[int]) -> None:
+        """Ids the generator's sample may never write into the text (the pad id always)."""
+        self.disallowed.zero_()
+        self.disallowed[sorted({int(i) for i in special_ids} | {self.disc.arch.pad_id})] = True
 
     @property
     def arch_dict(self) -> dict:

@@ -95,22 +95,26 @@ def hf_config(arch: Arch) -> dict:
     }
 
 
-def to_hf_state_dict(model: MLMEncoder) -> dict[str, torch.Tensor]:
-    """Our weights under BertForMaskedLM's names (fused qkv split; sinusoidal table written as a learned one)."""
+def encoder_to_hf(model: MLMEncoder, prefix: str) -> dict[str, torch.Tensor]:
+    """The encoder body (embeddings [+ projection] + layers) under transformers' names below ``prefix``
+    ("bert." or "electra."): fused qkv split, a sinusoidal table written as a learned one."""
     arch, sd = model.arch, model.state_dict()
     if arch.position == "sinusoidal":
         pos = model.pos_table
     else:
         pos = sd["pos_emb.weight"]
     out = {
-        "bert.embeddings.word_embeddings.weight": sd["tok_emb.weight"],
-        "bert.embeddings.position_embeddings.weight": pos,
-        "bert.embeddings.token_type_embeddings.weight": sd["type_emb.weight"],
-        "bert.embeddings.LayerNorm.weight": sd["emb_norm.weight"],
-        "bert.embeddings.LayerNorm.bias": sd["emb_norm.bias"],
+        prefix + "embeddings.word_embeddings.weight": sd["tok_emb.weight"],
+        prefix + "embeddings.position_embeddings.weight": pos,
+        prefix + "embeddings.token_type_embeddings.weight": sd["type_emb.weight"],
+        prefix + "embeddings.LayerNorm.weight": sd["emb_norm.weight"],
+        prefix + "embeddings.LayerNorm.bias": sd["emb_norm.bias"],
     }
+    if "emb_proj.weight" in sd:
+        out |= {prefix + "embeddings_project.weight": sd["emb_proj.weight"],
+                prefix + "embeddings_project.bias": sd["emb_proj.bias"]}
     for i in range(arch.layers):
-        ours, hf = f"blocks.{i}.", f"bert.encoder.layer.{i}."
+        ours, hf = f"blocks.{i}.", f"{prefix}encoder.layer.{i}."
         q, k, v = sd[ours + "attn.qkv.weight"].chunk(3, dim=0)
         qb, kb, vb = sd[ours + "attn.qkv.bias"].chunk(3, dim=0)
         out |= {
@@ -128,6 +132,13 @@ def to_hf_state_dict(model: MLMEncoder) -> dict[str, torch.Tensor]:
             hf + "output.LayerNorm.weight": sd[ours + "ffn_norm.weight"],
             hf + "output.LayerNorm.bias": sd[ours + "ffn_norm.bias"],
         }
+    return out
+
+
+def to_hf_state_dict(model: MLMEncoder) -> dict[str, torch.Tensor]:
+    """Our weights under BertForMaskedLM's names (see ``encoder_to_hf``)."""
+    arch, sd = model.arch, model.state_dict()
+    out = encoder_to_hf(model, "bert.")
     out |= {
         "cls.predictions.transform.dense.weight": sd["head_dense.weight"],
         "cls.predictions.transform.dense.bias": sd["head_dense.bias"],
@@ -145,12 +156,7 @@ def to_hf_state_dict(model: MLMEncoder) -> dict[str, torch.Tensor]:
 
 def from_hf_state_dict(arch: Arch, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The inverse of ``to_hf_state_dict`` for a learned-position, post-LN model."""
-    sd = {
-        "tok_emb.weight": hf["bert.embeddings.word_embeddings.weight"],
-        "pos_emb.weight": hf["bert.embeddings.position_embeddings.weight"],
-        "type_emb.weight": hf["bert.embeddings.token_type_embeddings.weight"],
-        "emb_norm.weight": hf["bert.embeddings.LayerNorm.weight"],
-        "emb_norm.bias": hf["bert.embeddings.LayerNorm.bias"],
+    sd = encoder_from_hf(arch, hf, "bert.") | {
         "head_dense.weight": hf["cls.predictions.transform.dense.weight"],
         "head_dense.bias": hf["cls.predictions.transform.dense.bias"],
         "head_norm.weight": hf["cls.predictions.transform.LayerNorm.weight"],
@@ -158,8 +164,23 @@ def from_hf_state_dict(arch: Arch, hf: dict[str, torch.Tensor]) -> dict[str, tor
         "head_bias": hf["cls.predictions.bias"],
     }
     sd["decoder.weight"] = sd["tok_emb.weight"] if arch.tie_embeddings else hf["cls.predictions.decoder.weight"]
+    return sd
+
+
+def encoder_from_hf(arch: Arch, hf: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The inverse of ``encoder_to_hf`` (learned positions)."""
+    sd = {
+        "tok_emb.weight": hf[prefix + "embeddings.word_embeddings.weight"],
+        "pos_emb.weight": hf[prefix + "embeddings.position_embeddings.weight"],
+        "type_emb.weight": hf[prefix + "embeddings.token_type_embeddings.weight"],
+        "emb_norm.weight": hf[prefix + "embeddings.LayerNorm.weight"],
+        "emb_norm.bias": hf[prefix + "embeddings.LayerNorm.bias"],
+    }
+    if prefix + "embeddings_project.weight" in hf:
+        sd |= {"emb_proj.weight": hf[prefix + "embeddings_project.weight"],
+               "emb_proj.bias": hf[prefix + "embeddings_project.bias"]}
     for i in range(arch.layers):
-        ours, p = f"blocks.{i}.", f"bert.encoder.layer.{i}."
+        ours, p = f"blocks.{i}.", f"{prefix}encoder.layer.{i}."
         sd[ours + "attn.qkv.weight"] = torch.cat([hf[p + f"attention.self.{n}.weight"] for n in ("query", "key", "value")])
         sd[ours + "attn.qkv.bias"] = torch.cat([hf[p + f"attention.self.{n}.bias"] for n in ("query", "key", "value")])
         for mine, theirs in (("attn.out", "attention.output.dense"), ("attn_norm", "attention.output.LayerNorm"),
@@ -204,6 +225,9 @@ def export_hf(model: MLMEncoder, out_dir: Path, tokenizer_file: Path, special_to
     """
     arch = model.arch
     check_exportable(arch)
+    if arch.emb_dim != arch.hidden or not getattr(model, "has_mlm_head", True):
+        raise ExportError("an ELECTRA generator or discriminator exports with mlm_core.model.export_electra "
+                          "(ElectraForMaskedLM / ElectraForPreTraining), not as BertForMaskedLM")
     if special_tokens.get("pad", {}).get("id", arch.pad_id) != arch.pad_id:
         raise ExportError(f"pad token id {special_tokens['pad']['id']} differs from the model's pad_id {arch.pad_id}")
     out_dir = Path(out_dir)
@@ -215,9 +239,13 @@ def export_hf(model: MLMEncoder, out_dir: Path, tokenizer_file: Path, special_to
 
 
 def load_export(out_dir: Path) -> MLMEncoder:
-    """Read an ``export_hf`` folder (config.json + model.safetensors) back into an MLMEncoder (eval mode)."""
+    """Read an ``export_hf`` folder (config.json + model.safetensors) back into an MLMEncoder (eval mode);
+    an ELECTRA export (``export_electra``) loads as its generator (MLMEncoder) or discriminator."""
     out_dir = Path(out_dir)
     cfg = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
+    if cfg.get("model_type") == "electra":
+        from mlm_core.model.export_electra import load_electra_export
+        return load_electra_export(out_dir)
     if cfg.get("model_type") != "bert" or cfg.get("type_vocab_size", 1) != 1 or cfg.get("hidden_act", "gelu") != "gelu":
         raise ExportError(f"{out_dir}: not a folder written by export_hf (model_type {cfg.get('model_type')!r}, "
                           f"type_vocab_size {cfg.get('type_vocab_size')}, hidden_act {cfg.get('hidden_act')!r})")

@@ -31,6 +31,9 @@ class MLM:
     def masking(self, mcfg):
         return mcfg
 
+    def prepare(self, core: nn.Module, special_ids: list[int]) -> None:
+        """Tell the model the tokenizer's special ids (ELECTRA never samples them)."""
+
     @staticmethod
     def arch(core: nn.Module) -> dict:
         return core.arch.to_dict()
@@ -64,6 +67,9 @@ class Electra(MLM):
     def masking(self, mcfg):
         from mlm_core.model.electra import electra_masking
         return electra_masking(mcfg)
+
+    def prepare(self, core, special_ids):
+        core.set_special_ids(special_ids)
 
     @staticmethod
     def arch(core: nn.Module) -> dict:
