@@ -143,6 +143,21 @@ def test_jsonl_malformed_line_and_missing_field(tmp_path):
     check_invariant(art)
 
 
+def test_jsonl_lone_surrogate_and_null_text_are_quarantined(tmp_path):
+    """JSON's "\\ud800" escape decodes to a lone surrogate, which UTF-8 cannot hold (it crashed the stage)."""
+    lines = [json.dumps({"text": EN[0]}), '{"text": "abc \\ud800 def"}', '{"text": null}',
+             '{"body": "x \\udfff"}', json.dumps({"text": EN[1]})]
+    f = write_lines(tmp_path / "x.jsonl", lines)
+    art = run(tmp_path, {"en": {"paths": [str(f)]}}, max_quarantine_rate=0.9)
+    q = [(r["line"], r["reason"]) for r in quarantine(art)]
+    assert q == [(2, "invalid_unicode"), (3, "null_text"), (4, "missing_field")]
+    assert "U+D800" in quarantine(art)[0]["detail"]
+    assert [d["text"] for d in docs(art, "en")] == EN[:2]
+    assert art.manifest["languages"]["en"]["quarantine_reasons"] == {"invalid_unicode": 1, "missing_field": 1,
+                                                                      "null_text": 1}
+    check_invariant(art)
+
+
 def test_jsonl_custom_text_field_and_gzip(tmp_path):
     f = tmp_path / "x.jsonl.gz"
     with gzip.open(f, "wt", encoding="utf-8") as out:
@@ -240,3 +255,41 @@ def test_clean_whitespace_and_script_ratio_units():
     assert out == ["a b", "a b", "a b", "a b", "a b", "lead and trail", "xy", "Ｆｕｌｌ"]
     r = script_ratio(pa.array(["Привет мир", "Привет world", "hello, 123!", "123 !?"]), ["Cyrillic"])
     assert list(r) == [1.0, 6 / 11, 0.0, 1.0]     # letters only: 6 Cyrillic of 11
+    # weights, computed by hand: Han 3 letters each, a capitalized foreign word half, @handles and URLs out
+    r = script_ratio(pa.array(["我爱巴黎", "我爱Paris", "Привет World", "@someone привет https://x.org/abc"]),
+                     ["Han"])
+    assert r[0] == 1.0 and r[1] == pytest.approx(6 / (6 + 2.5)) and r[2] == 0.0 and r[3] == 0.0
+    r = script_ratio(pa.array(["Привет World", "@someone привет https://x.org/abc", "Hello Мир"]), ["Cyrillic"])
+    assert r[0] == pytest.approx(6 / (6 + 2.5)) and r[1] == 1.0 and r[2] == pytest.approx(3 / (3 + 2.5))
+
+
+def test_bidi_controls_are_dropped_zwj_zwnj_kept():
+    from mlm_core.normalize.text import clean
+    raw = ["a\u202ab\u202bc\u202cd\u202de\u202ef", "x\u2066y\u2067z\u2068w\u2069v", "क्\u200dष", "می\u200cخواهم"]
+    assert clean(pa.array(raw), "NFC", False).to_pylist() == ["abcdef", "xyzwv", "क्\u200dष", "می\u200cخواهم"]
+
+
+# Real lines of ../shared/data holding Latin names, quarantined as script_mismatch by raw letter counts
+REAL_MIXED = {
+    "zh": ["Lucy在月光石上施咒，交給Katherine。", "國家足球博物館（The National Football Museum）是英國的一座博物館。",
+           "華山松（學名：Pinus armandii），是一種松科植物。", "他也參與了Courtney Love新專輯的製作。"],
+    "ru": ["1. Игровая приставка Sony PlayStation 4 500GB.",
+           "Инновационные пуховики STRETCH DOWN от Mountain Hardwear.",
+           "Чехлы для iPhone 5 Luxury Aluminum едут в Уфу ;-)", "@Zhirinovskiy сам проверил.",
+           "@screened-83 ещё."],
+}
+REAL_FOREIGN = {"ru": ["Nice🤗", "Fantastic 💯 keep it up ✌️", "Cool!..."]}   # not Russian: still quarantined
+
+
+def test_script_check_keeps_real_sentences_with_latin_names(tmp_path, shared_data):
+    srcs = {}
+    for lang in ("zh", "ru"):
+        real = set((shared_data / "text" / f"{lang}.txt").read_text(encoding="utf-8").splitlines())
+        lines = REAL_MIXED[lang] + REAL_FOREIGN.get(lang, [])
+        assert all(ln in real for ln in lines), "the test's lines must be real lines of the shared data"
+        srcs[lang] = {"paths": [str(write_lines(tmp_path / f"{lang}.txt", lines))]}
+    art = run(tmp_path, srcs, max_quarantine_rate=0.9, min_chars=1)
+    for lang in ("zh", "ru"):   # kept, as NFKC (the default) writes them
+        assert sorted(d["text"] for d in docs(art, lang)) == sorted(unicodedata.normalize("NFKC", t)
+                                                                    for t in REAL_MIXED[lang])
+    assert sorted((r["lang"], r["reason"]) for r in quarantine(art)) == [("ru", "script_mismatch")] * 3

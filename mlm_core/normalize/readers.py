@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import gzip
 import json
+import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -262,6 +263,9 @@ def _iter_text(part: Partition, max_line: int) -> Iterator[RawBatch]:
         yield from _iter_line_batches(f, part.end - part.start, max_line)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _records_to_texts(records: list, rows: np.ndarray, field_name: str, rejected: list,
                       next_row: int, blank: int = 0) -> RawBatch:
     keep_rows, texts = [], []
@@ -269,13 +273,26 @@ def _records_to_texts(records: list, rows: np.ndarray, field_name: str, rejected
         if rec is None:
             continue
         if not isinstance(rec, dict) or field_name not in rec:
-            rejected.append((r, "missing_field", f"no {field_name!r} in record: " + str(rec)[:PREVIEW]))
+            preview = str(rec)[:PREVIEW].encode("utf-8", "backslashreplace").decode()   # lone surrogates too
+            rejected.append((r, "missing_field", f"no {field_name!r} in record: " + preview))
+        elif rec[field_name] is None:
+            rejected.append((r, "null_text", f"{field_name!r} is null"))
         elif not isinstance(rec[field_name], str):
             rejected.append((r, "not_a_string", f"{field_name!r} is {type(rec[field_name]).__name__}"))
         else:
             keep_rows.append(r)
             texts.append(rec[field_name])
-    return RawBatch(np.array(keep_rows, dtype=np.int64), pa.array(texts, pa.string()), rejected, next_row, blank)
+    try:
+        arr = pa.array(texts, pa.string())
+    except (UnicodeEncodeError, pa.ArrowException):
+        # JSON's "\ud800" escape decodes to a lone surrogate, which no UTF-8 string can hold: quarantine it
+        good = [i for i, t in enumerate(texts) if not _SURROGATE.search(t)]
+        for i in sorted(set(range(len(texts))) - set(good)):
+            m = _SURROGATE.search(texts[i])
+            rejected.append((keep_rows[i], "invalid_unicode", f"lone surrogate U+{ord(m.group()):04X} at character "
+                             f"{m.start()}: " + texts[i].encode("utf-8", "backslashreplace").decode()[:PREVIEW]))
+        keep_rows, arr = [keep_rows[i] for i in good], pa.array([texts[i] for i in good], pa.string())
+    return RawBatch(np.array(keep_rows, dtype=np.int64), arr, rejected, next_row, blank)
 
 
 def _iter_jsonl(part: Partition, max_line: int) -> Iterator[RawBatch]:
