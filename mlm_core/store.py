@@ -309,6 +309,9 @@ class StageStore:
                 tmp.rename(failed)
                 exc.add_note(f"{stage}: the unfinished output is kept for inspection in {failed}")
                 raise
+            # file_table just hashed every file: record that, so the first "once" load only stats them
+            _write_sidecar(tmp, {rel: {"bytes": f["bytes"], "mtime_ns": (tmp / rel).stat().st_mtime_ns,
+                                       "sha256": f["sha256"]} for rel, f in manifest["files"].items()})
             write_json_atomic(tmp / MANIFEST, manifest)
             fsync_dir(tmp)
             if final.exists():  # an identical output finished first, a corrupt one, or an incomplete folder

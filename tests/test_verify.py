@@ -184,6 +184,9 @@ def test_once_hashes_each_file_once_and_rehashes_on_mtime_change(tmp_path, monke
                         or real(p, *a))
 
     st.load("demo", "fp0", verify="once")
+    assert hashed == []                   # the store hashed every file when it wrote them, and recorded it
+    (d / VERIFIED).unlink()
+    st.load("demo", "fp0", verify="once")
     assert sorted(hashed) == sorted(FILES)
     side = json.loads((d / VERIFIED).read_text())
     assert {k: v["sha256"] for k, v in side.items()} == {k: hashlib.sha256(v).hexdigest() for k, v in FILES.items()}
