@@ -75,6 +75,9 @@ def _tokenizer_tables(out_dir: Path, options: dict) -> dict:
     no_spaces = {lang: bool(s.get("no_spaces")) for lang, s in manifest["languages"].items()}
     stats["fertility"] = [row.tokens_per_char if no_spaces.get(row.lang) else row.tokens_per_word
                           for row in stats.itertuples()]
+    # named for the failure message: "heldout_tokens ... lang='fr' heldout_docs=0: 0" says which language has
+    # no held-out text (a one-document language), where the fertility check alone said "[4.0, null]"
+    stats["heldout_tokens"] = stats["tokens"]
     # limits from the thresholds in force (merged into manifest["config"] by mlm_core.stages.with_thresholds),
     # not the columns written with the output: a threshold change re-validates a stored tokenizer
     limits = manifest.get("config", {}).get("tokenizer", {})
