@@ -58,10 +58,12 @@ def _data_section(data: dict, tokenizer: dict) -> list[str]:
         alpha = _get(tokenizer, "sample", "alpha")
     weights = _first(data, "sampling_weights", "weights") or {}
     rows = [[lang, _get(p, "docs"), _get(p, "chars"), _get(p, "bytes"), _get(p, "duplicates"),
-             _get(p, "quarantined"), _fmt(weights.get(lang))] for lang, p in sorted(langs.items())]
+             _get(p, "quarantined"), _get(p, "train_tokens"), _fmt(weights.get(lang))]
+            for lang, p in sorted(langs.items())]
     out = ["## Training data", "", f"Languages: {', '.join(sorted(langs)) or DASH}. "
            f"Language sampling exponent α = {_fmt(alpha, 2)} (p(l) ∝ n_l^α).", ""]
-    out += _table(["lang", "docs", "chars", "bytes", "duplicates dropped", "quarantined", "sampling weight"], rows)
+    out += _table(["lang", "docs", "chars", "bytes", "duplicates dropped", "quarantined", "training tokens",
+                   "sampling weight p(l)"], rows)
     counts = _get(data, "counts") or {}
     if counts:
         out += ["", f"Total: {_fmt(counts.get('docs'))} documents, {_fmt(counts.get('chars'))} characters; "
@@ -123,9 +125,10 @@ def _audit_section(audit: dict) -> list[str]:
     out = ["## Bias audit", "", "### CrowS-Pairs (% of pairs where the model prefers the more stereotypical "
            "sentence; 50 = no preference)", ""]
     rows = [[lang, _get(r, "n"), _fmt(_get(r, "metric_score"), 2), _fmt(_get(r, "stereo_score"), 2),
-             _fmt(_get(r, "antistereo_score"), 2), _fmt(_get(r, "neutral_pct"), 2)]
+             _fmt(_get(r, "antistereo_score"), 2), _fmt(_get(r, "neutral_pct"), 2), _get(r, "n_empty_sentence")]
             for lang, r in sorted((_get(audit, "crows") or {}).items())]
-    out += _table(["lang", "pairs", "metric score", "stereo score", "anti-stereo score", "neutral %"], rows)
+    out += _table(["lang", "pairs", "metric score", "stereo score", "anti-stereo score", "neutral %",
+                   "pairs with an empty sentence (neutral)"], rows)
     out += ["", "### Templates (Δ = mean log p(attribute | group 1) − log p(attribute | group 2); "
             "KL = divergence of the attribute distribution from the neutral context)", ""]
     rows = []
