@@ -1,0 +1,321 @@
+"""What invalidates what: every config field's declared effect, checked against the fingerprints it produces.
+
+(a) For every leaf field of the config tree (walked from the pydantic models, on configs/demo.yaml), a changed
+    valid value is generated from the field's type and bounds; the plan (no stage runs) must then agree with
+    the field's marker: "none"/"threshold" keep every stage fingerprint; "output"/"report" change the owning
+    stage's fingerprint and exactly those downstream of it. The owner of each field is written here by hand
+    (the top-level section a field lives in), not read from mlm_core.stages.
+(b) A pretraining run interrupted midway resumes from its checkpoint after checkpoint_every / eval_every /
+    log_every change (checkpoints are keyed by the training trajectory, not by the stage fingerprint).
+(c) Tightening tokenizer.max_fertility on a stored tokenizer fails the stage by re-validation, without
+    retraining it; restoring the threshold passes again from the same stored output.
+(d) `mlm run --only X` and the stage flow X agree: both reuse X's complete output unless forced.
+"""
+from __future__ import annotations
+
+import copy
+import typing
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from conftest import REPO, write_lines
+from mlm_core import stages
+from mlm_core.config import EFFECTS, PipelineConfig, Section, field_effect, section_type
+from mlm_core.configio import ConfigError, load_config
+
+DEMO = REPO / "configs" / "demo.yaml"
+
+# Which stage each top-level key belongs to (independent of mlm_core.stages, which derives it).
+OWNER = {"sources": "normalize", "normalize": "normalize", "tokenizer": "tokenizer", "shards": "shards",
+         "pretrain": "pretrain", "evaluate": "evaluate", "audit": "audit", "registry": "register"}
+# Fields read by an earlier stage than their section's: the seed seeds the tokenizer's sample; the demo leaves
+# tokenizer.sampling_alpha unset, so the tokenizer samples with shards.sampling_alpha.
+OWNER_OVERRIDE = {"seed": "tokenizer", "shards.sampling_alpha": "tokenizer"}
+# Hand-written pipeline order and edges, to state "downstream" without asking the code under test.
+DOWNSTREAM = {"normalize": ["normalize", "tokenizer", "shards", "pretrain", "evaluate", "audit", "register"],
+              "tokenizer": ["tokenizer", "shards", "pretrain", "evaluate", "audit", "register"],
+              "shards": ["shards", "pretrain", "evaluate", "audit", "register"],
+              "pretrain": ["pretrain", "evaluate", "audit", "register"],
+              "evaluate": ["evaluate", "register"], "audit": ["audit", "register"], "register": ["register"]}
+
+
+# ------------------------------------------------------------------------------------------------ the walk
+def _leaves(model: type[BaseModel], value, prefix: str):
+    """(dotted path, model class, field name, current value | _UNSET) for every leaf field."""
+    for name, f in model.model_fields.items():
+        path = f"{prefix}{name}"
+        sub = section_type(f.annotation)
+        cur = getattr(value, name) if value is not None else None
+        if sub is None:
+            yield path, model, name, cur if value is not None else _UNSET
+        elif isinstance(cur, dict):        # dict of sections: walk the first key (sources.ar, ...)
+            k = sorted(cur)[0]
+            yield from _leaves(sub, cur[k], f"{path}.{k}.")
+        else:
+            yield from _leaves(sub, cur, f"{path}.")
+
+
+class _Unset:
+    def __repr__(self):
+        return "<section not set in the demo>"
+
+
+_UNSET = _Unset()
+BASE = load_config(DEMO)
+LEAVES = list(_leaves(PipelineConfig, BASE.config, ""))
+# Fields whose section the demo leaves unset: no valid change exists without also rewriting the section.
+SKIPPED = {p: "sources.<lang>.dataset is unset (the demo reads local files; paths and dataset exclude each other)"
+           for p, _, _, v in LEAVES if v is _UNSET}
+
+
+def _bounds(model, name):
+    lo = hi = None
+    for m in model.model_fields[name].metadata:
+        lo = getattr(m, "ge", getattr(m, "gt", lo))
+        hi = getattr(m, "le", getattr(m, "lt", hi))
+    return lo, hi
+
+
+def _candidates(model, name, v):
+    """Changed values to try, most natural first (the first one the config accepts is used)."""
+    ann = model.model_fields[name].annotation
+    args = [a for a in typing.get_args(ann) if a is not type(None)]
+    lits = [a for a in ([ann] + args) if typing.get_origin(a) is typing.Literal]
+    if lits:
+        return [c for c in typing.get_args(lits[0]) if c != v]
+    if isinstance(v, bool):
+        return [not v]
+    if isinstance(v, int):
+        return [v + 1, v - 1]
+    if isinstance(v, float):
+        return [v * 0.9 if v else 0.5, v * 1.1, v + 0.01]
+    if isinstance(v, str):
+        return [v + "x"]
+    if isinstance(v, tuple):
+        return [(v[0] - 0.05, *v[1:])]
+    if isinstance(v, list):
+        return [v + v[:1]] if v else [["x"]]
+    if isinstance(v, dict):
+        return [dict(list(v.items())[:-1])] if v else [{BASE.config.languages[0]: 5.0}]
+    assert v is None, (name, v)
+    if ann is str or str in args:
+        return ["x:1"]
+    if list in [typing.get_origin(a) for a in args]:
+        return [["x"]]
+    if dict in [typing.get_origin(a) for a in args]:
+        return [{BASE.config.languages[0]: "x"}]
+    lo, _ = _bounds(model, name)
+    if int in args:
+        return [max(int(lo or 1), 1) * 2, 64, 3]
+    return [0.5, 0.1]
+
+
+def _set(raw: dict, path: str, value) -> None:
+    node = raw
+    *head, last = path.split(".")
+    for k in head:
+        node = node[k]
+    node[last] = value
+
+
+def _raw(tmp: Path) -> dict:
+    raw = BASE.config.model_dump(mode="json")
+    raw["workdir"] = str(tmp / "work")
+    return raw
+
+
+# Values no type-driven guess can produce (a script name must be a real Unicode script).
+SPECIAL = {"sources.ar.scripts": [["Arabic", "Latin"]]}
+
+
+def _changed(tmp: Path, path: str, model, name, v):
+    for cand in SPECIAL.get(path) or _candidates(model, name, v):
+        raw = _raw(tmp)
+        _set(raw, path, copy.deepcopy(cand))
+        try:
+            return load_config(DEMO, raw=raw), cand
+        except ConfigError:
+            continue
+    pytest.fail(f"{path}: no valid changed value among {_candidates(model, name, v)}; teach _candidates this type")
+
+
+def test_every_field_declares_its_effect():
+    """A new field without a marker (or with an unknown one) fails here, whatever section it is in."""
+    seen, todo = set(), [PipelineConfig]
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        for name, f in model.model_fields.items():
+            effect = field_effect(model, name)            # raises ValueError when the marker is missing
+            sub = section_type(f.annotation)
+            assert effect in EFFECTS or (effect == "section" and sub is not None), (model.__name__, name, effect)
+            if sub is not None:
+                todo.append(sub)
+    assert len(seen) >= 15 and all(issubclass(m, Section) for m in seen)
+
+
+def test_a_field_without_marker_is_refused():
+    from pydantic import Field
+
+    class Bad(Section):
+        x: int = Field(default=1, description="no marker")
+    with pytest.raises(ValueError, match="Bad.x: json_schema_extra must declare an effect"):
+        field_effect(Bad, "x")
+
+
+def test_skip_list_is_small():
+    assert len(LEAVES) > 100
+    assert len(SKIPPED) <= 8, SKIPPED
+    assert all(p.startswith("sources.") and ".dataset." in p for p in SKIPPED)
+
+
+@pytest.mark.parametrize("path,model,name,value", LEAVES, ids=[p for p, *_ in LEAVES])
+def test_field_effect_matches_the_fingerprints(tmp_path, path, model, name, value):
+    if path in SKIPPED:
+        pytest.skip(SKIPPED[path])
+    from mlm_core.train.loop import train_fingerprint
+    base_lc = load_config(DEMO, raw=_raw(tmp_path))
+    lc, new = _changed(tmp_path, path, model, name, value)
+    before, after = stages.plan(base_lc), stages.plan(lc)
+    effect = field_effect(model, name)
+    changed = {n for n in stages.STAGES if before[n].fingerprint != after[n].fingerprint}
+    changed_keys = {n for n in stages.STAGES if before[n].output_key != after[n].output_key}
+    if effect in ("none", "threshold"):
+        assert changed == set(), f"{path}: {value!r} -> {new!r} is declared {effect!r} but changed {changed}"
+        assert changed_keys == set()
+    else:
+        owner = OWNER_OVERRIDE.get(path) or OWNER[path.split(".")[0]]
+        assert changed == set(DOWNSTREAM[owner]), f"{path} ({effect}): {value!r} -> {new!r} changed {changed}"
+        # output keys (what pretrain's checkpoints are keyed by) move only with output fields
+        assert changed_keys == (set(DOWNSTREAM[owner]) if effect == "output" else set()), (path, changed_keys)
+    if path.startswith("pretrain."):
+        same = train_fingerprint(base_lc.config.pretrain, 0) == train_fingerprint(lc.config.pretrain, 0)
+        assert same == (effect != "output"), f"{path} ({effect}): trajectory {'kept' if same else 'changed'}"
+    if effect == "threshold":
+        assert before[OWNER[path.split('.')[0]]].thresholds != after[OWNER[path.split('.')[0]]].thresholds
+
+
+def test_issue_examples(tmp_path):
+    """The knobs named in the issue: none of them invalidates pretrain or anything after it."""
+    base = stages.plan(load_config(DEMO, raw=_raw(tmp_path)))
+    for ov in ["pretrain.device=cpu", "pretrain.checkpoint_every=7", "pretrain.keep_checkpoints=5",
+               "pretrain.distributed.timeout_s=99", "pretrain.peak_flops=1.0e12", "pretrain.log_every=3",
+               "normalize.max_quarantine_rate=0.2", "tokenizer.max_fertility=9", "tokenizer.max_unk_rate=0.1",
+               "tokenizer.min_vocab_fraction=0.2"]:
+        lc = load_config(DEMO, [ov], raw=_raw(tmp_path))
+        after = stages.plan(lc)
+        assert {n: p.fingerprint for n, p in after.items()} == {n: p.fingerprint for n, p in base.items()}, ov
+    # token_budget only feeds the shards' expected-epochs report: shards and after recompute, training does not
+    lc = load_config(DEMO, ["shards.token_budget=123"], raw=_raw(tmp_path))
+    after = stages.plan(lc)
+    assert after["shards"].fingerprint != base["shards"].fingerprint
+    assert after["pretrain"].output_key == base["pretrain"].output_key
+
+
+# ------------------------------------------------------------------------------------------------ (b) resume
+class _Stop(Exception):
+    pass
+
+
+def test_changing_checkpoint_cadence_midway_resumes(tmp_path, one_torch_thread):
+    import json
+
+    from test_train import LANGS, tiny_cfg, tiny_shards
+
+    from mlm_core.train.stage import run_pretrain, trajectory_key
+    shards, tok = tiny_shards(tmp_path / "tiny")
+    up = {"shards": shards, "tokenizer": tok}
+    (tmp_path / "unused.txt").write_text("x\n")
+
+    def lc_of(**pre):
+        return load_config(raw={"workdir": str(tmp_path / "work"), "seed": 3, "shards": {"seq_len": 32},
+                                "sources": {lg: {"paths": [str(tmp_path / "unused.txt")]} for lg in LANGS},
+                                "pretrain": tiny_cfg(steps=12, **pre).model_dump(mode="json")})
+
+    def out_dir(lc, attempt):       # the store's temporary folder for this stage fingerprint
+        d = lc.workdir / "pretrain" / f".tmp-{stages.plan(lc)['pretrain'].fingerprint}-{attempt}-aaaa"
+        d.mkdir(parents=True)
+        return d
+
+    first = lc_of(checkpoint_every=4, eval_every=12, log_every=1)
+
+    def stop_at_6(rec):
+        if rec["type"] == "train" and rec["step"] == 6:
+            raise _Stop                                     # killed after the step-4 checkpoint
+    with pytest.raises(_Stop):
+        run_pretrain(first, up, out_dir(first, 1), metrics_cb=stop_at_6)
+
+    # new cadence (checkpoint_every, log_every: none; eval_every: report, so a new stage fingerprint)
+    second = lc_of(checkpoint_every=5, eval_every=6, log_every=2, keep_checkpoints=3)
+    assert stages.plan(second)["pretrain"].fingerprint != stages.plan(first)["pretrain"].fingerprint
+    assert trajectory_key(second, up) == trajectory_key(first, up)
+    m = run_pretrain(second, up, out_dir(second, 2))
+    assert m["resumed_from"] == 4 and m["steps"] == 12
+    steps = [r["step"] for r in map(json.loads, (Path(m["checkpoint_dir"]) / "metrics.jsonl").read_text().splitlines())
+             if r["type"] == "train"]
+    assert steps == [1, 2, 3, 4] + [6, 8, 10, 12]           # old cadence up to the checkpoint, then the new one
+    # a field that changes the weights starts a new trajectory
+    assert trajectory_key(lc_of(checkpoint_every=4, lr=2e-3), up) != trajectory_key(first, up)
+
+
+# ------------------------------------------------------------------------------------------------ (c) thresholds
+EN = [f"The quick brown fox number {i} jumps over the lazy dog again." for i in range(40)]
+RU = [f"Быстрая лиса номер {i} прыгает через ленивую собаку." for i in range(40)]
+
+
+@pytest.fixture
+def small_cfg(tmp_path):
+    import yaml
+    raw = {"name": "fptest", "workdir": str(tmp_path / "work"),
+           "sources": {"en": {"paths": [str(write_lines(tmp_path / "en.txt", EN))]},
+                       "ru": {"paths": [str(write_lines(tmp_path / "ru.txt", RU))]}},
+           "normalize": {"workers": 1},
+           "tokenizer": {"vocab_size": 300, "heldout_docs": 5, "min_vocab_fraction": 0.1, "max_fertility": 20},
+           "tracking": {"enabled": False}}
+    f = tmp_path / "cfg.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    return f
+
+
+def test_threshold_change_revalidates_without_recomputing(small_cfg, prefect_harness, monkeypatch):
+    from dataclasses import replace
+
+    from flows.pipeline import normalize_flow, tokenizer_flow
+    from tasks.validation import ValidationFailed
+    cfg = str(small_cfg)
+    first = normalize_flow(config_path=cfg) + tokenizer_flow(config_path=cfg)
+    assert [(r["stage"], r["cache_hit"], r["validation"]) for r in first] == \
+        [("normalize", False, "passed"), ("tokenizer", False, "passed")]
+
+    calls = []
+    spec = stages.STAGES["tokenizer"]
+    monkeypatch.setitem(stages.STAGES, "tokenizer",
+                        replace(spec, run=lambda *a, **k: calls.append(a) or spec.run(*a, **k)))
+    with pytest.raises(ValidationFailed, match="fertility"):
+        tokenizer_flow(config_path=cfg, overrides=["tokenizer.max_fertility=0.5"])
+    assert calls == [], "a threshold change must not retrain the tokenizer"
+    assert stages.plan(load_config(small_cfg, ["tokenizer.max_fertility=0.5"]))["tokenizer"].status == "done"
+    again = tokenizer_flow(config_path=cfg, overrides=["tokenizer.max_fertility=30"])
+    assert [(r["cache_hit"], r["validation"]) for r in again] == [(True, "passed")] and calls == []
+    same = tokenizer_flow(config_path=cfg)          # the thresholds it was written with: nothing to re-check
+    assert [(r["cache_hit"], r["validation"]) for r in same] == [(True, "cached")]
+
+
+# ------------------------------------------------------------------------------------------------ (d) --only
+def test_only_and_the_stage_flow_agree_on_force(small_cfg, monkeypatch):
+    import inspect
+
+    import flows.pipeline as fp
+    from flows.cli import main
+    for name, flow in fp.STAGE_FLOWS.items():
+        assert inspect.signature(flow.fn).parameters["force"].default is False, name
+    seen = []
+    monkeypatch.setenv("PREFECT_HOME", str(small_cfg.parent / "prefect"))
+    monkeypatch.setitem(fp.STAGE_FLOWS, "normalize", lambda **kw: seen.append(kw) or [])
+    assert main(["run", str(small_cfg), "--only", "normalize"]) == 0
+    assert main(["run", str(small_cfg), "--only", "normalize", "--force"]) == 0
+    assert [kw["force"] for kw in seen] == [False, True]
