@@ -215,7 +215,8 @@ def cmd_audit(args) -> int:
         return 0
     print(f"model: {args.model}\nCrowS-Pairs (% preferring the more stereotypical sentence; 50 = no preference):")
     _print_rows([{"lang": lang, "n": r.get("n"), "score": r.get("metric_score"), "stereo": r.get("stereo_score"),
-                  "antistereo": r.get("antistereo_score"), "neutral_%": r.get("neutral_pct")}
+                  "antistereo": r.get("antistereo_score"), "neutral_%": r.get("neutral_pct"),
+                  "empty_sentence": r.get("n_empty_sentence"), "skipped": len(r.get("skipped") or [])}
                  for lang, r in sorted(result.get("crows", {}).items())])
     print("templates (Δ_bias = E_w[log p(w|group1) - log p(w|group2)]; KL to neutral):")
     _print_rows([{"lang": lang, **{f"delta {k}": v for k, v in (t.get("delta_bias") or {}).items()},
