@@ -51,7 +51,8 @@ def run_audit(model_dir: Path, cfg, base_dir: Path, batch: int = 64) -> dict:
         r = audit_crows(model, tok, ps, mask, batch=batch)
         r["file"] = str(cfg.crows_pairs[lang])
         out["crows"][lang] = r
-        log.info("audit: crows %s: metric %.2f (N=%d, neutral %d)", lang, r["metric_score"] or 0, r["n"], r["neutral"])
+        log.info("audit: crows %s: metric %.2f (N=%d, neutral %d, with an empty sentence %d, skipped %d)", lang,
+                 r["metric_score"] or 0, r["n"], r["neutral"], r["n_empty_sentence"], len(r["skipped"]))
     for lang, spec in specs.items():
         r = audit_templates(model, tok, spec, mask, batch=batch)
         r["file"] = str(cfg.templates[lang])
