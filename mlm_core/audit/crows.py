@@ -48,16 +48,17 @@ log = logging.getLogger(__name__)
 
 COLUMNS = ("sent_more", "sent_less", "stereo_antistereo", "bias_type")
 DIRECTIONS = ("stereo", "antistereo")
-MAX_LOGIT_ELEMENTS = 2**26  # cap on B x T x V per forward pass (~256 MiB of fp32 logits)
+MAX_LOGIT_ELEMENTS = 2**26  # cap on the logits of one forward pass (B x T x V, or K masked x V; ~256 MiB fp32)
 
 
 class AuditError(MlmError, ValueError):
-    """Unusable audit input (missing column, empty sentence, bad template); the message names file and row."""
+    """Unusable audit input (missing column, short row, bad label or template); the message names file and row."""
 
 
 @dataclass(frozen=True)
 class Pair:
-    """One minimal pair. ``sent_more`` is the more stereotypical sentence (CrowS-Pairs convention)."""
+    """One minimal pair. ``sent_more`` is the more stereotypical sentence (CrowS-Pairs convention). The
+    sentences are the file's cells verbatim (spaces kept, possibly empty), as the reference reads them."""
 
     sent_more: str
     sent_less: str
