@@ -103,6 +103,20 @@ def test_config_reference_in_sync():
     assert "| `tokenizer.vocab_size` |" in on_disk and "## `sources.<lang>`" in on_disk
 
 
+def test_effect_markers_reach_the_schema_and_the_docs():
+    """Each leaf key's effect is in the JSON Schema and in a column of docs/CONFIG.md (hand-picked examples)."""
+    schema = json.loads((REPO / "schemas" / "config.schema.json").read_text(encoding="utf-8"))
+    props = schema["$defs"]["PretrainConfig"]["properties"]
+    assert (props["lr"]["effect"], props["eval_every"]["effect"], props["device"]["effect"]) == \
+        ("output", "report", "none")
+    assert schema["$defs"]["TokenizerConfig"]["properties"]["max_fertility"]["effect"] == "threshold"
+    assert "effect" not in props["model"]                       # a section: its own fields carry the markers
+    doc = (REPO / "docs" / "CONFIG.md").read_text(encoding="utf-8")
+    assert "| key | type | default | effect | meaning |" in doc
+    assert "| `pretrain.checkpoint_every` | `int` | `100` | none |" in doc
+    assert "| `normalize.max_quarantine_rate` | `float` | `0.05` | threshold |" in doc
+
+
 def test_cli_help_is_fast_and_imports_nothing_heavy():
     code = ("import sys, time; t=time.time(); import flows.cli as c\n"
             "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
@@ -119,7 +133,7 @@ def test_cli_surface_is_frozen():
     from flows.cli import build_parser
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert sorted(sub.choices) == sorted(["run", "status", "verify", "stats", "fill-mask", "evaluate", "audit",
-                                          "config", "serve", "deploy"])
+                                          "config", "serve", "deploy", "sync"])
     run_opts = {o for a in sub.choices["run"]._actions for o in a.option_strings}
     assert {"--only", "--from", "--force", "--set"} <= run_opts
 
