@@ -70,6 +70,16 @@ def _check_inputs(cfg, shards, tok) -> None:
 def run_pretrain(lc, upstream: dict, out_dir: Path, *, checkpoint_dir: Path | None = None,
                  metrics_cb: Callable[[dict], None] | None = None) -> dict:
     """Train (resuming when a checkpoint exists) and write the model folder; returns the manifest fields."""
+    from mlm_core.locks import file_lock
+    work = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(lc, upstream)
+    # Two runs whose stage fingerprints differ only in report/none fields (the stage lock does not order
+    # them) share this trajectory's checkpoints: one trains, the other waits, then resumes from its end.
+    with file_lock(work.parent / f".{work.name}.lock", f"pretrain trajectory {work.name}"):
+        return _train_and_export(lc, upstream, out_dir, work, metrics_cb)
+
+
+def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
+                      metrics_cb: Callable[[dict], None] | None) -> dict:
     import torch
     from safetensors.torch import load_file
 
@@ -83,7 +93,6 @@ def run_pretrain(lc, upstream: dict, out_dir: Path, *, checkpoint_dir: Path | No
     shards, tok = upstream["shards"], upstream["tokenizer"]
     _check_inputs(cfg, shards, tok)
     out_dir = Path(out_dir)
-    work = Path(checkpoint_dir) if checkpoint_dir else default_checkpoint_dir(lc, upstream)
     work.mkdir(parents=True, exist_ok=True)
     specials = shards.manifest["special_tokens"]
     vocab, pad = int(shards.manifest["vocab_size"]), int(specials["pad"]["id"])
