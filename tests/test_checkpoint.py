@@ -100,6 +100,10 @@ def test_kill_9_at_random_moments_then_resume_exactly(shards, tmp_path):
     assert [(m["step"], m["loss"]) for m in read_metrics(work)] == \
            [(m["step"], m["loss"]) for m in read_metrics(tmp_path / "straight")]
     assert result["final_loss"] == straight["final_loss"]
+    # exact resume down to the bytes: the last checkpoint's model and optimizer files equal the straight run's
+    last = "step-000000000060"
+    for name in ("model.safetensors", "optimizer.safetensors", "optimizer.json", "scheduler.json"):
+        assert (ckroot / last / name).read_bytes() == (tmp_path / "straight" / "checkpoints" / last / name).read_bytes(), name
 
 
 def test_corrupt_checkpoint_is_skipped_for_the_previous_one(shards, tmp_path, caplog):
