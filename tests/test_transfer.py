@@ -283,3 +283,61 @@ def test_early_stopping_and_determinism(loaded):
     scores = iter([0.5, 0.6, 0.55, 0.58])
     res2 = fit(again, toy_examples(), validate, cfg, seed=3, pad_id=0)
     assert res2.history == res.history and same(snapshot(again), snapshot(tm))
+
+
+# ---- long sentences: overlapping windows ------------------------------------------------------------
+def test_long_sentence_windows_score_every_word_once(loaded):
+    """A sentence far longer than the input: every word is scored, in exactly one window, at its own subword."""
+    from mlm_core.evaluate.transfer import encode_words, plain_tokenizer, predict_tags, window_counts
+    model, tok = loaded
+    tok = plain_tokenizer(tok)
+    words = ("The old man walked slowly along the river and looked at the boats in the evening light "
+             "while children played near the unbelievably crowded marketplace").split() * 6     # ~140 words
+    max_len = 24
+    full = tok.encode(words, is_pretokenized=True)
+    assert len(full.ids) > 5 * max_len
+    # independent expectation: each word's first subword id and its position in the whole encoding
+    first_pos = {}
+    for pos, w in enumerate(full.word_ids):
+        if w is not None and w not in first_pos:
+            first_pos[w] = pos
+    windows = encode_words(tok, [words], max_len)[0]
+    assert len(windows) > 5 and all(len(w.ids) <= max_len for w in windows)
+    assert all(w.ids[0] == full.ids[0] and w.ids[-1] == full.ids[-1] for w in windows)   # [CLS] ... [SEP]
+    owners = {}
+    for k, w in enumerate(windows):
+        for i, p in enumerate(w.first):
+            if p >= 0:
+                assert i not in owners, f"word {i} scored in windows {owners[i]} and {k}"
+                owners[i] = k
+                assert w.ids[p] == full.ids[first_pos[i]]          # the right subword
+                # most context: at least a quarter window on the nearer side, except at the sentence's ends
+                inner = len(w.ids) - 2
+                near = min(p - 1, inner - p)
+                assert near >= (max_len - 2) // 4 - 1 or first_pos[i] - 1 < max_len // 2 \
+                    or len(full.ids) - 1 - first_pos[i] < max_len // 2
+    assert sorted(owners) == list(range(len(words)))                 # every word exactly once
+    from mlm_core.evaluate.finetune import build_task_model
+    tagger = build_task_model(model, 3, "token", FinetuneConfig(), 0)
+    pred = predict_tags(tagger, [windows], ["A", "B", "C"], model.arch.pad_id)
+    assert len(pred) == len(words) and None not in pred
+    counts = window_counts([windows], max_len)
+    assert counts["long_sentences"] == 1
+    assert counts["words_past_max_len"] == sum(p >= max_len for p in first_pos.values()) > 100
+
+
+def test_upos_report_counts_long_sentences(model_dir, shared_data, monkeypatch, tmp_path):
+    """With a 24-subword input the PUD sentences need windows; none of their words is left unscored."""
+    from mlm_core.evaluate import transfer
+    from mlm_core.evaluate.conll import read_conllu as rc
+    monkeypatch.setattr(transfer, "MAX_LEN", 24)
+    def head(src: str, n: int, name: str) -> str:
+        sents = (shared_data / src).read_text("utf-8").split("\n\n")[:n]
+        return str(write_lines(tmp_path / name, ["\n\n".join(sents), ""]))
+    target = Path(head("ud-pud/de_pud-ud-test.conllu", 30, "de.conllu"))
+    task = TransferTask(source_lang="en", train=head("ud-train/en_ewt-ud-train.conllu", 40, "en.conllu"),
+                        targets={"de": str(target)})
+    cfg = EvaluateConfig(upos=task, finetune=FinetuneConfig(lr=3e-3, epochs=1, batch_size=32, max_train_examples=20))
+    t = transfer.run_transfer(model_dir, cfg, shared_data, seed=0)["upos"]["targets"]["de"]
+    assert t["sentences"] == len(rc(target)) == 30 and t["uncovered_words"] == 0
+    assert 0 < t["long_sentences"] <= 30 and t["words_past_max_len"] > 0
