@@ -172,8 +172,9 @@ class ShardsConfig(Section):
     validation_fraction: float = Field(
         default=0.05, gt=0, lt=0.5, description="Share of each language's documents held out for validation (by doc hash).",
         json_schema_extra={"effect": "output"})
-    token_budget: int = Field(default=10_000_000, ge=1, description="Planned training tokens, for the expected-epochs column of the sampling table.",
-        json_schema_extra={"effect": "report"})
+    token_budget: int = Field(
+        default=10_000_000, ge=1, description="Planned training tokens, for the expected-epochs column that "
+        "`mlm stats` computes from the stored sampling table (not stored itself).", json_schema_extra={"effect": "none"})
     rows_per_shard: int = Field(default=16384, ge=1, description="Sequences per Arrow IPC shard file.",
         json_schema_extra={"effect": "output"})
     batch_docs: int = Field(default=2000, ge=1, description="Documents per encode_batch call.",

@@ -27,7 +27,9 @@ def language_table(lc) -> list[dict]:
     rows = duckdb.sql(f"""
         SELECT n.lang, n.docs, n.quarantined, n.duplicates,
                s.tokens_train AS tokens, s.rows_train AS sequences,
-               sa.natural, sa.p, sa.upsampling, sa.expected_epochs
+               sa.natural, sa.p, sa.upsampling,
+               -- from the current budget (not stored: the budget invalidates no output)
+               {int(lc.config.shards.token_budget)} * sa.p / NULLIF(sa.n, 0) AS expected_epochs
         FROM read_parquet('{norm}/stats.parquet') n
         JOIN read_parquet('{shards}/stats.parquet') s USING (lang)
         JOIN read_parquet('{shards}/sampling.parquet') sa USING (lang)

@@ -50,8 +50,7 @@ def _shards_rows(art: Artifact) -> list[dict]:
     langs = art.manifest.get("languages", {})
     return [{"lang": r["lang"], "docs": langs[r["lang"]]["docs_train"] + langs[r["lang"]]["docs_validation"],
              "tokens_train": r["n"], "sequences_train": langs[r["lang"]]["rows_train"],
-             "natural": round(r["natural"], 4), "p": round(r["p"], 4), "upsampling": round(r["upsampling"], 3),
-             "expected_epochs": None if r["expected_epochs"] is None else round(r["expected_epochs"], 2)}
+             "natural": round(r["natural"], 4), "p": round(r["p"], 4), "upsampling": round(r["upsampling"], 3)}
             for r in art.manifest.get("sampling", {}).get("table", [])]
 
 

@@ -205,15 +205,36 @@ def test_issue_examples(tmp_path):
     for ov in ["pretrain.device=cpu", "pretrain.checkpoint_every=7", "pretrain.keep_checkpoints=5",
                "pretrain.distributed.timeout_s=99", "pretrain.peak_flops=1.0e12", "pretrain.log_every=3",
                "normalize.max_quarantine_rate=0.2", "tokenizer.max_fertility=9", "tokenizer.max_unk_rate=0.1",
-               "tokenizer.min_vocab_fraction=0.2"]:
+               "tokenizer.min_vocab_fraction=0.2", "shards.token_budget=123"]:
         lc = load_config(DEMO, [ov], raw=_raw(tmp_path))
         after = stages.plan(lc)
         assert {n: p.fingerprint for n, p in after.items()} == {n: p.fingerprint for n, p in base.items()}, ov
-    # token_budget only feeds the shards' expected-epochs report: shards and after recompute, training does not
-    lc = load_config(DEMO, ["shards.token_budget=123"], raw=_raw(tmp_path))
+    # a report-only field changes its stage, but not the training trajectory (pretrain resumes)
+    lc = load_config(DEMO, ["pretrain.eval_batches=9"], raw=_raw(tmp_path))
     after = stages.plan(lc)
-    assert after["shards"].fingerprint != base["shards"].fingerprint
+    assert after["pretrain"].fingerprint != base["pretrain"].fingerprint
     assert after["pretrain"].output_key == base["pretrain"].output_key
+
+
+def test_token_budget_is_applied_on_display(small_cfg):
+    """shards.token_budget only feeds the expected-epochs column: `mlm stats` computes it from the stored
+    sampling table and the current budget, so a new budget recomputes nothing and still shows."""
+    import pyarrow.parquet as pq
+
+    from mlm_core.stats import language_table
+    lc = load_config(small_cfg)
+    plans = stages.plan(lc)
+    for name in ("normalize", "tokenizer", "shards"):
+        stages.execute(lc, name, plans)
+    tokens = {r["lang"]: r["tokens_train"] for r in pq.read_table(plans["shards"].path / "stats.parquet").to_pylist()}
+    weights = {lg: n ** 0.3 for lg, n in tokens.items()}                 # p(l) = n_l^0.3 / sum (XLM-R alpha)
+    for budget in (1000, 5000):
+        lc_b = load_config(small_cfg, [f"shards.token_budget={budget}"])
+        assert stages.plan(lc_b)["shards"].status == "done"
+        rows = {r["lang"]: r for r in language_table(lc_b)}
+        for lg, n in tokens.items():
+            p = weights[lg] / sum(weights.values())
+            assert rows[lg]["expected_epochs"] == pytest.approx(budget * p / n), (budget, lg)
 
 
 # ------------------------------------------------------------------------------------------------ (b) resume
@@ -313,6 +334,15 @@ def test_only_and_the_stage_flow_agree_on_force(small_cfg, monkeypatch):
     from flows.cli import main
     for name, flow in fp.STAGE_FLOWS.items():
         assert inspect.signature(flow.fn).parameters["force"].default is False, name
+    import importlib
+    # only the flow call is under test: no Prefect server, no process-wide signal handlers
+    for mod, attr in (("flows.ephemeral", "start"), ("mlm_core.train.signals", "install")):
+        try:
+            m = importlib.import_module(mod)
+        except ImportError:
+            continue
+        if hasattr(m, attr):
+            monkeypatch.setattr(m, attr, lambda *a, **k: None)
     seen = []
     monkeypatch.setenv("PREFECT_HOME", str(small_cfg.parent / "prefect"))
     monkeypatch.setitem(fp.STAGE_FLOWS, "normalize", lambda **kw: seen.append(kw) or [])

@@ -4,7 +4,8 @@ In: the normalize output (``docs/<lang>.parquet``: doc_id, lang, text, n_chars, 
 output (``tokenizer.json`` + manifest with vocab_size and special token ids). Out (under the stage folder):
 
   train/<lang>-00000.arrow, validation/<lang>-00000.arrow   packed rows, ``rows_per_shard`` per file
-  sampling.parquet   lang, n, natural, p, upsampling, expected_epochs   (p(l) = n_l^α / Σ n_k^α, n = train tokens)
+  sampling.parquet   lang, n, natural, p, upsampling, expected_epochs   (p(l) = n_l^α / Σ n_k^α, n = train tokens;
+                     expected_epochs is null: `mlm stats` computes it from the current shards.token_budget)
   stats.parquet      per language: docs, tokens, content tokens and rows, per split
 
 Row layout (fairseq RoBERTa "none" break mode, Liu et al. 2019 §4.2 FULL-SENTENCES): each language's
@@ -436,7 +437,9 @@ def run_shards(lc, upstream: dict, out_dir: Path) -> dict:
         finish(current)
 
     counts = {lang: per_lang[lang]["tokens_train"] for lang in langs if per_lang[lang]["tokens_train"] > 0}
-    table = [asdict(r) for r in sampling_table(counts, cfg.sampling_alpha, cfg.token_budget)]
+    # no token budget here: expected epochs are computed on display (`mlm stats`) from the current
+    # shards.token_budget, so changing the budget invalidates no stored output
+    table = [asdict(r) for r in sampling_table(counts, cfg.sampling_alpha)]
     _write_tables(out_dir, table, per_lang)
     return {
         "seq_len": cfg.seq_len,
@@ -447,7 +450,7 @@ def run_shards(lc, upstream: dict, out_dir: Path) -> dict:
         "tokenizer_fingerprint": tart.fingerprint,
         "special_tokens": tart.manifest.get("special_tokens", {}),
         "shards": shards,
-        "sampling": {"alpha": cfg.sampling_alpha, "token_budget": cfg.token_budget, "unit": "train tokens",
+        "sampling": {"alpha": cfg.sampling_alpha, "unit": "train tokens",
                      "table": table},
         "languages": per_lang,
         "counts": {"rows": sum(s["rows"] for s in shards), "tokens": sum(s["tokens"] for s in shards),
