@@ -242,8 +242,9 @@ class _Stop(Exception):
     pass
 
 
-def test_changing_checkpoint_cadence_midway_resumes(tmp_path, one_torch_thread):
+def test_changing_checkpoint_cadence_midway_resumes(tmp_path, one_torch_thread, caplog):
     import json
+    import logging
 
     from test_train import LANGS, tiny_cfg, tiny_shards
 
@@ -274,8 +275,11 @@ def test_changing_checkpoint_cadence_midway_resumes(tmp_path, one_torch_thread):
     second = lc_of(checkpoint_every=5, eval_every=6, log_every=2, keep_checkpoints=3)
     assert stages.plan(second)["pretrain"].fingerprint != stages.plan(first)["pretrain"].fingerprint
     assert trajectory_key(second, up) == trajectory_key(first, up)
-    m = run_pretrain(second, up, out_dir(second, 2))
+    with caplog.at_level(logging.WARNING, logger="mlm_core.train.loop"):
+        m = run_pretrain(second, up, out_dir(second, 2))
     assert m["resumed_from"] == 4 and m["steps"] == 12
+    # the checkpoint's recorded training fingerprint matches: resumed as the same run, not with a warning
+    assert not [r for r in caplog.records if "different training config" in r.getMessage()]
     steps = [r["step"] for r in map(json.loads, (Path(m["checkpoint_dir"]) / "metrics.jsonl").read_text().splitlines())
              if r["type"] == "train"]
     assert steps == [1, 2, 3, 4] + [6, 8, 10, 12]           # old cadence up to the checkpoint, then the new one
