@@ -328,6 +328,11 @@ def test_threshold_change_revalidates_without_recomputing(small_cfg, prefect_har
     assert [(r["cache_hit"], r["validation"]) for r in again] == [(True, "passed")] and calls == []
     same = tokenizer_flow(config_path=cfg)          # the thresholds it was written with: nothing to re-check
     assert [(r["cache_hit"], r["validation"]) for r in same] == [(True, "cached")]
+    # the same for normalize: 40 documents per language no longer meet a 41-document minimum
+    with pytest.raises(ValidationFailed, match="docs"):
+        normalize_flow(config_path=cfg, overrides=["normalize.min_docs_per_language=41"])
+    ok = normalize_flow(config_path=cfg, overrides=["normalize.min_docs_per_language=40"])
+    assert [(r["cache_hit"], r["validation"]) for r in ok] == [(True, "passed")]
 
 
 # ------------------------------------------------------------------------------------------------ (d) --only
