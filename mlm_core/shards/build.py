@@ -62,7 +62,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from mlm_core.errors import StageError
-from mlm_core.shards.words import has_no_space_script, refine_word_starts
+from mlm_core.shards.words import refine_word_starts
 from mlm_core.store import sha256_file
 
 log = logging.getLogger(__name__)
@@ -164,10 +164,7 @@ def encodings_to_arrays(encs: list, dtype: np.dtype, texts: list[str]) -> Encode
         starts = np.cumsum(lens) - lens
         ws[starts[lens > 0]] = 1
         ws[wid < 0] = 0
-        ends = np.cumsum(lens)
-        for i, text in enumerate(texts):
-            if lens[i] and has_no_space_script(text):
-                refine_word_starts(text, encs[i].offsets, ws[ends[i] - lens[i]: ends[i]])
+        refine_word_starts(texts, encs, lens, ws)
     return Encoded(ids, ws, lens)
 
 

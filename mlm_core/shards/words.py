@@ -21,6 +21,7 @@ work is one ICU pass over the text and a few numpy operations per document.
 """
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 
@@ -104,20 +105,32 @@ def char_codes(text: str) -> tuple[np.ndarray, np.ndarray]:
     return code, nxt
 
 
-def refine_word_starts(text: str, offsets: list[tuple[int, int]], ws: np.ndarray) -> None:
-    """Overwrite, in place, the word starts ``ws`` (one per token of ``text``) inside no-space-script runs."""
-    if not len(ws):
+def refine_word_starts(texts: list[str], encs: list, lens: np.ndarray, ws: np.ndarray) -> None:
+    """Overwrite, in place, the word starts ``ws`` (the flattened tokens of ``encs``, ``lens`` per document)
+    inside no-space-script runs. The documents holding such a run are joined with newlines and handled in
+    one pass (one ICU iteration, array operations over every token), not one document at a time."""
+    sel = [i for i, t in enumerate(texts) if lens[i] and has_no_space_script(t)]
+    if not sel:
         return
-    code, nxt = char_codes(text)
-    off = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
-    n = len(text)
-    a = np.clip(off[:, 0], 0, n)
-    b = np.clip(off[:, 1], 0, n)
-    p = np.minimum(nxt[a], np.maximum(b, a))          # first non-space character, or the end of an all-space token
+    sizes = np.array([len(texts[i]) for i in sel], dtype=np.int64)
+    base = np.cumsum(sizes + 1) - (sizes + 1)                   # each document's offset in the joined text
+    code, nxt = char_codes("\n".join(texts[i] for i in sel))
+    code[base[1:] - 1] = -1                                     # the joining newlines belong to no document
+    n_tok = lens[sel].astype(np.int64)
+    off = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(encs[i].offsets for i in sel)),
+                      dtype=np.int64, count=2 * int(n_tok.sum())).reshape(-1, 2)
+    doc_base, doc_end = np.repeat(base, n_tok), np.repeat(base + sizes, n_tok)
+    a = np.minimum(off[:, 0] + doc_base, doc_end)
+    b = np.clip(off[:, 1] + doc_base, a, doc_end)
+    p = np.minimum(nxt[a], b)          # first non-space character, or the end of an all-space token
     c = code[p]
-    new_pos = np.r_[True, p[1:] != p[:-1]]
+    first = np.cumsum(n_tok) - n_tok   # each document's first token among the selected tokens
+    new_pos = np.ones(len(p), dtype=bool)
+    new_pos[1:] = p[1:] != p[:-1]
+    new_pos[first] = True
+    val = np.where(c == IN_RUN, False, new_pos)                 # BOUNDARY / AFTER_RUN: a start at a new position
+    starts = np.cumsum(lens) - lens                             # each document's first token in ``ws``
+    idx = np.repeat(starts[sel] - first, n_tok) + np.arange(len(p))
     override = c >= 0
-    # AFTER_RUN with the same position as the previous token: that token already started the word
-    val = np.where(c == IN_RUN, 0, new_pos)
-    ws[override] = val[override].astype(ws.dtype)
-    ws[0] = 1
+    ws[idx[override]] = val[override]
+    ws[starts[sel]] = 1
