@@ -243,8 +243,14 @@ def cmd_run(args) -> int:
     lc = _load(args)  # fail fast on a bad config, before Prefect starts
     from mlm_core import stages
     stages.select(stages.plan(lc), only=args.only, from_=args.from_stage)  # fail fast on a missing upstream
+    from flows import ephemeral, guard
+    guard.check_workdir(lc.workdir)   # writable, some space free: before Prefect puts its database there
     prepare_env(lc.workdir)
+    from mlm_core.train import signals
+    signals.install()                 # SIGTERM/SIGINT: training checkpoints at the next step, then exits 143/130
     from flows.pipeline import STAGE_FLOWS, pipeline
+    guard.quiet_expected_tracebacks()
+    ephemeral.start(lc.workdir)       # generous start-up timeout, under a lock, never orphaned (flows/ephemeral.py)
     overrides = list(args.set or [])
     if args.only:
         # the same as the stage's Prefect flow: reuse its complete output unless --force (flow: force)
@@ -257,6 +263,19 @@ def cmd_run(args) -> int:
     for r in results:
         print(f"{r['stage']:<12} {'cached' if r['cache_hit'] else 'ran':<8} {r['fingerprint']:<17} "
               f"{r['seconds']:>8.1f}  {r['path']}")
+    return 0
+
+
+def cmd_sync(args) -> int:
+    lc = _load(args)
+    prepare_env()
+    from mlm_core.redact import redact
+    from tasks.tracking_sync import sync
+    rep = sync(lc)
+    print(f"synced {lc.workdir} to {redact(rep['uri'])}: {len(rep['created'])} run(s) created "
+          f"({', '.join(rep['created']) or '-'}), {len(rep['finished'])} left RUNNING finished "
+          f"({', '.join(rep['finished']) or '-'}), {rep['points']} metric point(s) sent, "
+          f"{len(rep['closed'])} run(s) of dead processes closed as FAILED")
     return 0
 
 
@@ -319,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     sd = csub.add_parser("docs", help="print the configuration reference (Markdown)")
     sd.add_argument("--write", action="store_true", help="write it to docs/CONFIG.md")
     sd.set_defaults(func=cmd_config_docs)
+    with_config(sub.add_parser("sync", help="send to MLflow what a lost tracking server missed (runs, metrics.jsonl)"
+                               )).set_defaults(func=cmd_sync)
     add_server_parsers(sub)
     return p
 
@@ -328,16 +349,19 @@ def main(argv: list[str] | None = None) -> int:
     import logging
     logging.basicConfig(level=logging.INFO if os.environ.get("MLM_VERBOSE") else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from mlm_core.errors import MlmError
+    from flows import guard
     try:
         return args.func(args) or 0
-    except MlmError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        for note in getattr(exc, "__notes__", []):
-            print(f"  {note}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - every error ends as one `error:` line (MLM_VERBOSE=1: traceback)
+        guard.report(exc)
+        return guard.exit_code(exc)
+    finally:
+        warning = guard.tracking_warning(getattr(args, "config", None) or "CONFIG")
+        if warning:
+            print(warning, file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -85,9 +85,24 @@ def stage_lock(workdir: Path, stage: str, fingerprint: str) -> contextlib.Abstra
                                                    "for it, then reusing its result", stage, fingerprint, h))
 
 
+@contextlib.contextmanager
+def tag_stage(stage: str, workdir: Path | None = None) -> Iterator[None]:
+    """Attach the stage's name and workdir to any error raised inside (``exc.mlm_stage``, ``exc.mlm_workdir``),
+    for the CLI's one-line error (a full disk raised by a library often names no file)."""
+    try:
+        yield
+    except BaseException as exc:
+        if getattr(exc, "mlm_stage", None) is None:
+            try:
+                exc.mlm_stage, exc.mlm_workdir = stage, workdir
+            except AttributeError:   # exceptions with __slots__
+                pass
+        raise
+
+
 def workdir_lock(workdir: Path, name: str, timeout: float | None = 600.0) -> contextlib.AbstractContextManager[bool]:
     """A short critical section on a shared file of the workdir (database creation, server start)."""
     return file_lock(lock_path(workdir, name), f"{name} in {workdir}", timeout=timeout)
 
 
-__all__ = ["file_lock", "stage_lock", "workdir_lock", "lock_path"]
+__all__ = ["file_lock", "stage_lock", "workdir_lock", "lock_path", "tag_stage"]

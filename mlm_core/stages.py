@@ -251,6 +251,21 @@ def select(plans: dict[str, StagePlan], only: str | None = None, from_: str | No
 def execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: bool = False,
             check: Callable[[Path, dict], None] | None = None,
             store: StageStore | None = None, hooks: dict | None = None) -> tuple[Artifact, bool]:
+    """``_execute`` under a per-output lock (``mlm_core.locks``): a second run of the same stage and fingerprint
+    waits for the first, then reuses its output (even when forced: it is fresh). Errors name the stage."""
+    from mlm_core.locks import stage_lock, tag_stage
+    store = store or StageStore(lc.workdir)
+    fp = plans[name].fingerprint
+    was_complete = store.is_complete(name, fp)
+    with tag_stage(name, store.root), stage_lock(store.root, name, fp) as waited:
+        if waited and not was_complete and store.is_complete(name, fp):
+            force = False
+        return _execute(lc, name, plans, force, check, store, hooks)
+
+
+def _execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: bool = False,
+             check: Callable[[Path, dict], None] | None = None,
+             store: StageStore | None = None, hooks: dict | None = None) -> tuple[Artifact, bool]:
     """Run one stage unless its output is complete (and not forced). Returns (artifact, cache_hit).
 
     ``check(out_dir, manifest)`` (the data contract) sees the manifest with the current thresholds merged into

@@ -75,7 +75,7 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
     if name in STREAMS_METRICS and (force or plans[name].status != "done"):
         live = tracker.start_stage(name, plans[name].fingerprint)   # training curves appear while it trains
         if live is not None:
-            hooks["metrics_cb"] = lambda rec: tracker.log_history(live, [rec])
+            hooks["metrics_cb"] = tracker.stream(live)   # a background thread: training never waits on MLflow
     hit = False
     try:
         art, hit = stages.execute(lc, name, plans, force=force, check=check, store=store, hooks=hooks)

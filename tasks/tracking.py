@@ -1,10 +1,11 @@
-"""MLflow tracking: one parent run per pipeline run, one nested run per stage, plus registry helpers.
+"""MLflow tracking: one parent run per pipeline run, one nested run per stage; survives losing the server.
 
 In: a ``TrackingConfig`` and the workdir. Out: MLflow runs (params, metrics, tags, JSON/table
-artifacts, files, dataset lineage) and registered model versions with aliases.
+artifacts, files, dataset lineage). Registry helpers live in ``tasks.tracking_registry``, value
+conversions in ``tasks.tracking_values``, live metric streaming in ``tasks.tracking_stream`` and the
+replay command in ``tasks.tracking_sync`` (all re-exported here where callers used them).
 
-This is the only module (with later model-registry code) that imports mlflow, and it does so inside
-functions: ``import mlflow`` costs about 2 s, importing this module costs nothing.
+mlflow is imported inside functions: ``import mlflow`` costs about 2 s, importing this module costs nothing.
 
 Why ``MlflowClient`` with explicit run ids instead of the fluent ``mlflow.start_run`` stack: the
 fluent active run is thread-local, and Prefect runs tasks in worker threads (or other processes), so
@@ -13,23 +14,35 @@ a stage could never see the flow's parent run. A nested run is simply a run tagg
 
 MLflow 3 defaults to ``sqlite:///<CWD>/mlflow.db`` and artifacts under ``./mlruns`` in the CWD; here
 both live in the workdir (``<workdir>/mlflow.db``, ``<workdir>/mlartifacts``). An experiment's
-artifact location is fixed when it is created, so it is set then.
+artifact location is fixed when it is created, so it is set then. Creating the SQLite database runs
+MLflow's migrations; two runs doing it at once failed (``No such index``), so it happens under a lock.
+
+Losing the server: the tracker is checked before any work starts (``check_tracking_server``). If it
+goes away later, a failed call marks this tracker *offline*: later calls return at once, the outputs
+are still written, and the numbers of metric records and stage runs not delivered are collected in
+``delivery_report()`` for the CLI's closing warning (``mlm sync CONFIG`` replays them). MLflow's own HTTP
+retries (7 retries, backoff 2: ~4.5 min per call) are shortened unless the user set them.
 """
 from __future__ import annotations
 
 import logging
-import numbers
 import os
-import re
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlparse
 
-from mlm_core.errors import MlmError
+from mlm_core.redact import redact
+from tasks.tracking_backend import (TrackingError, _is_http, _sqlite_path, check_tracking_server,  # noqa: F401
+                                    resolve_tracking_uri, server_healthy)
+from tasks.tracking_registry import (get_alias_version, list_registered_models, register_version,  # noqa: F401
+                                     set_alias, tag_version)
+from tasks.tracking_stream import MetricsStream, unreachable
+from tasks.tracking_values import (MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, _chunks,  # noqa: F401
+                                   _dataset_input, _key, _numeric_metrics, _system_tags, _tag_values,
+                                   flatten_params, history_points)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -37,19 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from mlm_core.config import TrackingConfig
 
 log = logging.getLogger(__name__)
-
-# MLflow limits (mlflow.utils.validation, 3.17.2)
-MAX_PARAM_VALUE = 6000
-MAX_TAG_VALUE = 8000
-MAX_KEY = 250
-MAX_PARAMS_TAGS_PER_BATCH = 100
-MAX_METRICS_PER_BATCH = 1000
-MAX_DATASET_DIGEST = 36
-MAX_DATASET_NAME = 500
-MAX_DATASET_SOURCE = 65535
 RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
-
-_KEY_BAD = re.compile(r"[^\w\-. /:]")  # MLflow keys: alphanumerics, _ - . space / (and : on most stores)
 
 _MLFLOW_ENV_DEFAULTS = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -57,10 +58,36 @@ _MLFLOW_ENV_DEFAULTS = {
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
+# For an http(s) server: a dead server costs ~3 s per call instead of ~4.5 min (retries 1 s, 2 s); a hung one
+# 3 x 30 s at worst, once (the tracker then goes offline). Only defaults: the user's own values win.
+HTTP_ENV_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
+
+# What could not be delivered in this process (the CLI prints it at the end of `mlm run`).
+_report_lock = threading.Lock()
+_REPORT: dict = {"uri": None, "records": 0, "runs": []}
 
 
-class TrackingError(MlmError):
-    """The tracking backend is unusable (server down, bad URI); raised before any work starts."""
+def delivery_report() -> dict:
+    """``{"uri", "records", "runs"}``: metric records and stage runs this process could not deliver."""
+    with _report_lock:
+        return {"uri": _REPORT["uri"], "records": _REPORT["records"], "runs": list(_REPORT["runs"])}
+
+
+def reset_delivery_report() -> None:
+    with _report_lock:
+        _REPORT.update(uri=None, records=0, runs=[])
+
+
+def _undelivered(uri: str, records: int = 0, run: str | None = None) -> None:
+    with _report_lock:
+        _REPORT["uri"] = redact(uri)
+        _REPORT["records"] += int(records)
+        if run:
+            _REPORT["runs"].append(run)
 
 
 def _mlflow():
@@ -86,152 +113,6 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
-# --------------------------------------------------------------------------------------- URIs
-def resolve_tracking_uri(cfg: "TrackingConfig", workdir: Path) -> str:
-    """``cfg.uri`` when given, else ``$MLM_TRACKING_URI`` (`mlm serve` sets it for its worker; not
-    MLFLOW_TRACKING_URI, which ``mlflow.set_tracking_uri`` itself exports), else a SQLite file in the workdir."""
-    if cfg.uri:
-        return cfg.uri
-    if os.environ.get("MLM_TRACKING_URI"):
-        return os.environ["MLM_TRACKING_URI"]
-    return f"sqlite:///{Path(workdir).resolve()}/mlflow.db"
-
-
-def _is_http(uri: str) -> bool:
-    return urlparse(uri).scheme in ("http", "https")
-
-
-def _sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI (SQLAlchemy: 3 slashes + relative, 4 + absolute)."""
-    rest = uri[len("sqlite://"):].split("?", 1)[0]
-    if not rest.startswith("/"):
-        return None
-    rest = rest[1:]
-    if rest in ("", ":memory:"):
-        return None
-    return Path(rest)
-
-
-def check_tracking_server(uri: str, timeout: float = 3.0) -> None:
-    """Fail fast, with a fix, when the tracking backend cannot work; call it before any work starts.
-
-    http(s): ``GET <uri>/health`` must answer 200. sqlite: the database's folder must exist or be
-    creatable. A file store (``file:`` or a bare path) is refused: MLflow 3 put it in maintenance mode.
-    """
-    scheme = urlparse(uri).scheme
-    if scheme in ("http", "https"):
-        url = uri.rstrip("/") + "/health"
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (http(s) only)
-                status, reason = resp.status, f"GET /health -> HTTP {resp.status}"
-        except urllib.error.HTTPError as exc:
-            status, reason = exc.code, f"GET /health -> HTTP {exc.code}"
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise TrackingError(
-                f"tracking.uri {uri}: MLflow tracking server not reachable ({reason}); "
-                "start it with `mlm serve` or unset tracking.uri") from None
-        if status != 200:
-            raise TrackingError(
-                f"tracking.uri {uri}: MLflow tracking server not healthy ({reason}); "
-                "start it with `mlm serve` or unset tracking.uri")
-        return
-    if scheme == "sqlite":
-        path = _sqlite_path(uri)
-        if path is not None:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise TrackingError(
-                    f"tracking.uri {uri}: cannot create the folder for the SQLite database ({exc})") from None
-            if not os.access(path.parent, os.W_OK):
-                raise TrackingError(f"tracking.uri {uri}: folder {path.parent} is not writable")
-        return
-    if scheme in ("", "file") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("1", "true"):
-        raise TrackingError(
-            f"tracking.uri {uri}: the file store is in maintenance mode in MLflow 3; use "
-            "sqlite:///<absolute path>/mlflow.db or http://host:port (or set MLFLOW_ALLOW_FILE_STORE=true)")
-
-
-# --------------------------------------------------------------------------------------- values
-def flatten_params(params: dict, prefix: str = "") -> dict[str, str]:
-    """Nested config dict -> ``{"normalize.min_chars": "5"}``; values stringified and cut to MLflow's limit."""
-    out: dict[str, str] = {}
-    for k, v in (params or {}).items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, dict) and v:
-            out.update(flatten_params(v, key))
-        else:
-            out[_key(key)] = _cut(v if isinstance(v, str) else str(v), MAX_PARAM_VALUE)
-    return out
-
-
-def _key(key: str) -> str:
-    return _KEY_BAD.sub("_", key)[:MAX_KEY]
-
-
-def _cut(s: str, n: int) -> str:
-    return s if len(s) <= n else s[: n - 3] + "..."
-
-
-def _numeric_metrics(metrics: dict) -> dict[str, float]:
-    out = {}
-    for k, v in (metrics or {}).items():
-        if isinstance(v, numbers.Real):  # bool, int, float, numpy scalars; NaN kept
-            out[_key(str(k))] = float(v)
-    return out
-
-
-def _tag_values(tags: dict | None) -> dict[str, str]:
-    return {_key(str(k)): _cut(str(v), MAX_TAG_VALUE) for k, v in (tags or {}).items()}
-
-
-def _chunks(items: list, n: int):
-    for i in range(0, len(items), n):
-        yield items[i:i + n]
-
-
-def _dataset_input(spec: dict):
-    """A lineage record that never loads the data: ``MetaDataset`` over a path/URI + a digest."""
-    from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.data.sources import LocalArtifactDatasetSource
-    from mlflow.entities import DatasetInput, InputTag
-    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
-
-    source = _cut(str(spec["source"]), MAX_DATASET_SOURCE)
-    scheme = urlparse(source).scheme
-    src = None
-    if len(scheme) > 1 and scheme != "file":  # s3://, https://... (one letter = a Windows drive)
-        try:
-            from mlflow.data.dataset_source_registry import resolve_dataset_source
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                src = resolve_dataset_source(source)
-        except Exception:  # unknown scheme (e.g. "datasets:"): keep it as an opaque URI
-            src = None
-    if src is None:
-        # explicit class: from a bare string MLflow warns "can be interpreted in multiple ways" (mlflow#9702)
-        src = LocalArtifactDatasetSource(source)
-    digest = str(spec.get("digest") or "")
-    name = _cut(str(spec.get("name") or Path(source).name or "dataset"), MAX_DATASET_NAME)
-    ds = MetaDataset(source=src, name=name, digest=digest[:MAX_DATASET_DIGEST] or None)
-    tags = [InputTag(key=MLFLOW_DATASET_CONTEXT, value=str(spec.get("context") or "input"))]
-    if len(digest) > MAX_DATASET_DIGEST:  # MLflow caps digests at 36 chars; keep the whole one as a tag
-        tags.append(InputTag(key="digest", value=digest))
-    return DatasetInput(dataset=ds._to_mlflow_entity(), tags=tags)
-
-
-def _system_tags(tags: dict[str, str]) -> dict[str, str]:
-    """Add what ``mlflow.start_run`` would (user, source name/type, git commit) to the given tags."""
-    try:
-        from mlflow.tracking.context.registry import resolve_tags
-
-        return resolve_tags(tags)
-    except Exception:  # internal API; tags are a nicety
-        return tags
-
-
 # --------------------------------------------------------------------------------------- tracker
 class Tracker:
     """One parent run per pipeline run, one nested run per stage.
@@ -240,6 +121,8 @@ class Tracker:
     the MLflow client is rebuilt lazily. ``parent_run_id`` attaches to a parent started elsewhere
     (the flow starts it, each stage task builds its own ``Tracker``).
     Disabled (``cfg.enabled`` False): every method is a no-op returning None, and mlflow is never imported.
+    Offline (the server went away after the run started): every method is a no-op returning None, and
+    what was not delivered is counted in ``delivery_report()``.
     """
 
     def __init__(self, cfg: "TrackingConfig", workdir: Path, parent_run_id: str | None = None):
@@ -250,19 +133,37 @@ class Tracker:
         self._parent: str | None = parent_run_id if self.enabled else None
         self._experiment_id: str | None = None
         self._c = None
+        self.offline = False
+        self._streams: dict[str, MetricsStream] = {}
         if not self.enabled:
             return
-        check_tracking_server(self.uri)
+        if _is_http(self.uri):
+            for k, v in HTTP_ENV_DEFAULTS.items():
+                os.environ.setdefault(k, v)
+        try:
+            check_tracking_server(self.uri)
+        except TrackingError as exc:
+            if parent_run_id is None:     # before any work: fail fast
+                raise
+            self._go_offline(exc, "stage logging")   # mid-pipeline: the outputs matter more than their logs
+            return
         mlflow = _mlflow()
         # also the process default, so later code using the fluent API (model logging) lands here too
         mlflow.set_tracking_uri(self.uri)
         mlflow.set_registry_uri(self.uri)
-        self._experiment_id = self._ensure_experiment()
+        db = _sqlite_path(self.uri)
+        if db is not None:
+            from mlm_core.locks import workdir_lock
+            with workdir_lock(db.parent, f"{db.name}-create"):   # MLflow's migrations, once
+                self._experiment_id = self._guard("open the experiment", self._ensure_experiment)
+        else:
+            self._experiment_id = self._guard("open the experiment", self._ensure_experiment)
 
     # -- plumbing
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_c"] = None
+        state["_streams"] = {}
         return state
 
     @property
@@ -278,6 +179,33 @@ class Tracker:
     @property
     def parent_run_id(self) -> str | None:
         return self._parent
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and not self.offline
+
+    def _go_offline(self, exc: BaseException, what: str) -> None:
+        if not self.offline:
+            log.warning("MLflow at %s is unreachable (%s): %s skipped; the pipeline goes on and `mlm sync CONFIG` "
+                        "replays it later", redact(self.uri), _first_line(exc), what)
+        self.offline = True
+        _undelivered(self.uri)
+
+    def _guard(self, what: str, fn, *args, run: str | None = None, **kw):
+        """Call ``fn``; a server that went away turns this tracker offline instead of failing the pipeline."""
+        if not self.active:
+            if self.enabled and run:
+                _undelivered(self.uri, run=run)
+            return None
+        try:
+            return fn(*args, **kw)
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            self._go_offline(exc, what)
+            if run:
+                _undelivered(self.uri, run=run)
+            return None
 
     def _ensure_experiment(self) -> str:
         from mlflow.exceptions import MlflowException
@@ -295,8 +223,8 @@ class Tracker:
         except MlflowException as exc:  # another process created it in between
             exp = c.get_experiment_by_name(self.experiment)
             if exp is None:
-                raise TrackingError(f"tracking.uri {self.uri}: cannot create experiment "
-                                    f"{self.experiment!r} ({exc})") from exc
+                raise TrackingError(f"tracking.uri {redact(self.uri)}: cannot create experiment "
+                                    f"{self.experiment!r} ({redact(exc)})") from exc
             return exp.experiment_id
 
     def _log_batch(self, run_id: str, params: dict[str, str] | None = None,
@@ -315,24 +243,45 @@ class Tracker:
         """Open a stage's run before it computes (so it can stream metrics); finish it with log_stage(run_id=...)."""
         if not self.enabled:
             return None
-        return self._create_run(stage, {"stage": stage, "fingerprint": str(fingerprint), "cache": "miss"},
-                                parent=self._parent or _active_run_id())
+        return self._guard(f"opening the {stage} run", self._create_run, stage,
+                           {"stage": stage, "fingerprint": str(fingerprint), "cache": "miss"},
+                           parent=self._parent or _active_run_id())
 
-    def fail_stage(self, run_id: str | None) -> None:
+    def stream(self, run_id: str | None, **kw) -> MetricsStream | None:
+        """A non-blocking metrics callback for ``run_id``, delivering from a background thread; closed (and
+        counted) by ``log_stage``/``fail_stage`` on the same run."""
+        if not self.active or run_id is None:
+            return None
+        s = MetricsStream(lambda recs: self._history(run_id, recs), lambda: server_healthy(self.uri),
+                          label=run_id[:8], **kw)
+        self._streams[run_id] = s
+        return s
+
+    def _close_stream(self, run_id: str | None, timeout: float = 15.0) -> None:
+        s = self._streams.pop(run_id, None) if run_id else None
+        if s is None:
+            return
+        left = s.close(timeout)
+        if left:
+            log.warning("%d metric record(s) of run %s were not delivered to MLflow (they are in metrics.jsonl)",
+                        left, run_id)
+            _undelivered(self.uri, records=left)
+            if s.down:
+                self._go_offline(ConnectionError("server down since the stream lost it"), "closing the run")
+
+    def fail_stage(self, run_id: str | None, status: str = "FAILED") -> None:
         if self.enabled and run_id is not None:
-            self.client.set_terminated(run_id, status="FAILED")
+            self._close_stream(run_id)
+            self._guard("closing a failed run", self.client.set_terminated, run_id, status=_status(status))
 
     def log_history(self, run_id: str | None, records: list[dict], step_key: str = "step") -> int:
         """Step-indexed metric curves (e.g. a training's metrics.jsonl) on a run; returns the points logged."""
         if not self.enabled or run_id is None:
             return 0
-        from mlflow.entities import Metric
+        return self._guard("logging metric history", self._history, run_id, records, step_key) or 0
 
-        ts = int(time.time() * 1000)
-        points = [Metric(_key(f"train.{k}" if r.get("type", "train") == "train" else k), float(v), ts, int(r[step_key]))
-                  for r in records if step_key in r
-                  for k, v in r.items() if k not in (step_key, "type") and isinstance(v, numbers.Real)
-                  and not isinstance(v, bool)]
+    def _history(self, run_id: str, records: list[dict], step_key: str = "step") -> int:
+        points = history_points(records, step_key, int(time.time() * 1000))
         for chunk in _chunks(points, MAX_METRICS_PER_BATCH):
             self.client.log_batch(run_id, metrics=chunk)
         return len(points)
@@ -340,7 +289,8 @@ class Tracker:
     def _create_run(self, run_name: str, tags: dict[str, str], parent: str | None) -> str:
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-        tags = dict(tags)
+        # who runs it: `mlm sync` closes runs whose process died (left RUNNING by a crash or kill -9)
+        tags = {**tags, "mlm.pid": str(os.getpid()), "mlm.host": socket.gethostname()}
         if parent:
             tags[MLFLOW_PARENT_RUN_ID] = parent
         run = self.client.create_run(self._experiment_id, run_name=run_name, tags=_system_tags(tags))
@@ -353,16 +303,21 @@ class Tracker:
             return None
         if self._parent is not None:
             log.warning("start_pipeline: a parent run (%s) is already set; starting a new one", self._parent)
-        run_id = self._create_run(run_name, _tag_values(tags), parent=None)
-        self._log_batch(run_id, params=flatten_params(params))
-        self._parent = run_id
-        return run_id
+
+        def start() -> str:
+            run_id = self._create_run(run_name, _tag_values(tags), parent=None)
+            self._log_batch(run_id, params=flatten_params(params))
+            return run_id
+
+        self._parent = self._guard("starting the pipeline run", start, run="pipeline")
+        return self._parent
 
     def end_pipeline(self, status: str = "FINISHED") -> None:
         """Close the parent run (``"FAILED"`` when the pipeline failed)."""
         if not self.enabled or self._parent is None:
             return None
-        self.client.set_terminated(self._parent, status=_status(status))
+        self._guard("closing the pipeline run", self.client.set_terminated, self._parent, status=_status(status),
+                    run="pipeline")
         self._parent = None
         return None
 
@@ -378,12 +333,22 @@ class Tracker:
         its name, like ``cp -r``). ``dicts``: name -> dict (``.json``/``.yaml`` by suffix).
         ``tables``: name -> DataFrame (name must end in ``.json`` or ``.parquet``).
         ``inputs``: lineage records ``{"name", "source", "digest", "context"}``; no data is read.
-        If logging fails half-way the run is closed as FAILED and the error propagates.
+        If logging fails half-way the run is closed as FAILED and the error propagates; if the server
+        is gone, the tracker goes offline and returns None (the stage's output is already stored).
         ``run_id``: finish a run opened by ``start_stage`` (which streamed metrics while the stage ran).
         """
         if not self.enabled:
             return None
+        self._close_stream(run_id)
         status = _status(status)
+        if not self.active:
+            _undelivered(self.uri, run=stage)
+            return None
+        return self._guard(f"logging the {stage} run", self._log_stage, stage, fingerprint, cache_hit, params,
+                           metrics, artifacts, artifact_dir, dicts, tables, inputs, tags, status, run_id, run=stage)
+
+    def _log_stage(self, stage, fingerprint, cache_hit, params, metrics, artifacts, artifact_dir, dicts, tables,
+                   inputs, tags, status, run_id) -> str:
         parent = self._parent or _active_run_id()
         all_tags = {**_tag_values(tags), "stage": stage, "fingerprint": str(fingerprint),
                     "cache": "hit" if cache_hit else "miss"}
@@ -409,8 +374,9 @@ class Tracker:
                     raise TrackingError(f"log_stage({stage}): artifact {p} does not exist")
             if inputs:
                 self.client.log_inputs(run_id, datasets=[_dataset_input(s) for s in inputs])
-        except BaseException:
-            self.client.set_terminated(run_id, status="FAILED")
+        except BaseException as exc:
+            if not (isinstance(exc, Exception) and unreachable(exc)):
+                self.client.set_terminated(run_id, status="FAILED")
             raise
         self.client.set_terminated(run_id, status=status)
         return run_id
@@ -419,20 +385,20 @@ class Tracker:
         """Tag a run after the fact (e.g. ``validation=failed``)."""
         if not self.enabled or not run_id or not tags:
             return None
-        self._log_batch(run_id, tags=_tag_values(tags))
+        self._guard("tagging a run", self._log_batch, run_id, tags=_tag_values(tags))
         return None
 
     def log_text(self, run_id: str | None, text: str, artifact_file: str) -> None:
         if not self.enabled or not run_id:
             return None
-        self.client.log_text(run_id, text, artifact_file)
+        self._guard("logging a text artifact", self.client.log_text, run_id, text, artifact_file)
         return None
 
     def run_url(self, run_id: str | None) -> str | None:
         """The UI link of a run on an http tracking server; None for SQLite (no UI is serving it)."""
         if not self.enabled or not run_id or not _is_http(self.uri):
             return None
-        return f"{self.uri.rstrip('/')}/#/experiments/{self._experiment_id}/runs/{run_id}"
+        return f"{redact(self.uri).rstrip('/')}/#/experiments/{self._experiment_id}/runs/{run_id}"
 
 
 def _status(status: str) -> str:
@@ -448,59 +414,10 @@ def _active_run_id() -> str | None:
     return run.info.run_id if run is not None else None
 
 
-# --------------------------------------------------------------------------------------- registry
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return redact(text[0][:200] if text else type(exc).__name__)
+
+
 def _uri_of(tracker_or_uri: "Tracker | str") -> str:
     return tracker_or_uri.uri if isinstance(tracker_or_uri, Tracker) else str(tracker_or_uri)
-
-
-def register_version(tracker_or_uri: "Tracker | str", name: str, run_id: str, artifact_path: str,
-                     tags: dict | None = None, description: str | None = None) -> int:
-    """Register ``runs:/<run_id>/<artifact_path>`` (a folder of safetensors/json run artifacts, never a
-    pickle) as a new version of ``name``, creating the registered model if missing. Returns the version."""
-    from mlflow.exceptions import MlflowException
-
-    c = _client(_uri_of(tracker_or_uri))
-    try:
-        c.create_registered_model(name)
-    except MlflowException as exc:
-        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
-            raise
-    mv = c.create_model_version(name, source=f"runs:/{run_id}/{artifact_path.strip('/')}", run_id=run_id,
-                                tags=_tag_values(tags) or None, description=description)
-    return int(mv.version)
-
-
-def set_alias(uri: "Tracker | str", name: str, alias: str, version: int) -> None:
-    """Point ``name@alias`` at ``version`` (moves the alias if it was elsewhere)."""
-    _client(_uri_of(uri)).set_registered_model_alias(name, alias, str(version))
-
-
-def get_alias_version(uri: "Tracker | str", name: str, alias: str) -> int | None:
-    """The version ``name@alias`` points at; None when the model or the alias does not exist."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        mv = _client(_uri_of(uri)).get_model_version_by_alias(name, alias)
-    except MlflowException as exc:
-        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            return None
-        raise
-    return int(mv.version)
-
-
-def tag_version(uri: "Tracker | str", name: str, version: int, tags: dict) -> None:
-    c = _client(_uri_of(uri))
-    for k, v in _tag_values(tags).items():
-        c.set_model_version_tag(name, str(version), k, v)
-
-
-def list_registered_models(uri: "Tracker | str") -> list[str]:
-    c = _client(_uri_of(uri))
-    names: list[str] = []
-    token = None
-    while True:
-        page = c.search_registered_models(max_results=1000, page_token=token)
-        names.extend(m.name for m in page)
-        token = page.token
-        if not token:
-            return sorted(names)

@@ -16,6 +16,7 @@ in place with FSDP2 ``fully_shard`` (each transformer block, then the root).
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import json
 import logging
@@ -33,6 +34,7 @@ import torch
 from torch import nn
 
 from mlm_core.errors import StageError
+from mlm_core.train import signals
 
 log = logging.getLogger(__name__)
 METRICS_PREFIX = "@@MLM_METRICS "
@@ -179,9 +181,17 @@ def launch(args: dict, dist_cfg, run_dir: Path, *, metrics_cb: Callable[[dict], 
     q: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
     tail: collections.deque = collections.deque(maxlen=60)
-    last, stalled = time.monotonic(), False
+    last, stalled, forwarded = time.monotonic(), False, 0
+    stop = signals.graceful()
+    stop.__enter__()        # a SIGTERM/SIGINT to us is forwarded to torchrun, which passes it to every rank
     try:
         while True:
+            if signals.requested() and not forwarded:
+                forwarded = signals.requested()
+                log.warning("forwarding %s to the training processes (they checkpoint, then stop)",
+                            signal.Signals(forwarded).name)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, forwarded)
             try:
                 line = q.get(timeout=1.0)
             except queue.Empty:
@@ -203,6 +213,13 @@ def launch(args: dict, dist_cfg, run_dir: Path, *, metrics_cb: Callable[[dict], 
     except BaseException:
         _kill_group(proc)
         raise
+    finally:
+        stop.__exit__(None, None, None)
+    if forwarded:
+        errors = _rank_errors(err_dir)
+        raise signals.Interrupted((errors[0][2].strip().splitlines()[0].removeprefix("Interrupted: ") if errors else
+                                   f"pretrain: stopped by {signal.Signals(forwarded).name}") +
+                                  f" (torchrun exit code {rc})", forwarded)
     if stalled:
         raise DistributedTrainingError(f"distributed training made no progress for {stall:.0f} s "
                                        f"(distributed.timeout_s): all ranks were stopped. Last output:\n"

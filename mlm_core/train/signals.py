@@ -84,12 +84,20 @@ def requested() -> int:
 
 @contextlib.contextmanager
 def graceful() -> Iterator[None]:
-    """Within this block the first signal only sets the flag (the training loop checkpoints and stops)."""
+    """Within this block the first signal only sets the flag (the training loop checkpoints and stops).
+
+    In the main thread the handler is (re)installed for the block and the previous one restored after:
+    Prefect's flow engine swaps in its own SIGTERM handler while a flow runs (``capture_sigterm``)."""
+    prev = {}
+    if threading.current_thread() is threading.main_thread():
+        prev = {s: signal.signal(s, _handler) for s in SIGNALS}
     _state["graceful"] += 1
     try:
         yield
     finally:
         _state["graceful"] -= 1
+        for s, h in prev.items():
+            signal.signal(s, h)
 
 
 def should_stop(world_size: int = 1, device=None) -> bool:

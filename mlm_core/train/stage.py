@@ -104,7 +104,9 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
         ds = ShardDataset(shards, verify=verify, expect_tokenizer_fingerprint=tok.fingerprint)
         torch.manual_seed(seed)
         model, arch = build_model(cfg, vocab, pad)
-        result = train(cfg, ds, model, work, seed=seed, metrics_cb=metrics_cb)
+        from mlm_core.train.signals import graceful
+        with graceful():    # SIGTERM/SIGINT: checkpoint at the next step boundary, then Interrupted
+            result = train(cfg, ds, model, work, seed=seed, metrics_cb=metrics_cb)
         model = model.cpu()
     else:
         args = {"config": cfg.model_dump(mode="json"), "seed": seed, "shards": str(shards.path),

@@ -46,9 +46,12 @@ def run(args: dict) -> dict:
             beat["t"] = time.monotonic()
             print(f"{HEARTBEAT_PREFIX}{rank} {step}", flush=True)
 
-    result = train(cfg, ds, model, Path(args["out_dir"]), seed=seed, rank=rank, world_size=world, local_rank=local,
-                   resume=bool(args.get("resume", True)), stop_after=args.get("stop_after"),
-                   metrics_cb=metrics_cb if args.get("print_metrics") else None, heartbeat=heartbeat)
+    from mlm_core.train import signals
+    signals.install()           # torchrun forwards SIGTERM/SIGINT: every rank checkpoints at the same step
+    with signals.graceful():
+        result = train(cfg, ds, model, Path(args["out_dir"]), seed=seed, rank=rank, world_size=world,
+                       local_rank=local, resume=bool(args.get("resume", True)), stop_after=args.get("stop_after"),
+                       metrics_cb=metrics_cb if args.get("print_metrics") else None, heartbeat=heartbeat)
     if rank == 0 and args.get("result_file"):
         write_json_atomic(Path(args["result_file"]), result)
     return result

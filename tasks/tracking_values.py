@@ -1,0 +1,122 @@
+"""Values for MLflow: config dicts -> params, manifests -> metrics, tags, lineage records; MLflow's limits.
+
+In: plain Python values. Out: what ``MlflowClient.log_batch`` / ``log_inputs`` accept, cut to MLflow's
+limits, with secrets redacted (a tracking URI with credentials or a secret ``--set`` override would
+otherwise be stored as a param in clear). Split from ``tasks.tracking`` (which changes when the
+tracking protocol does; this changes when MLflow's limits or our value formats do).
+"""
+from __future__ import annotations
+
+import numbers
+import re
+import warnings
+from pathlib import Path
+from urllib.parse import urlparse
+
+from mlm_core.redact import redact, redact_obj
+
+# MLflow limits (mlflow.utils.validation, 3.17.2)
+MAX_PARAM_VALUE = 6000
+MAX_TAG_VALUE = 8000
+MAX_KEY = 250
+MAX_PARAMS_TAGS_PER_BATCH = 100
+MAX_METRICS_PER_BATCH = 1000
+MAX_DATASET_DIGEST = 36
+MAX_DATASET_NAME = 500
+MAX_DATASET_SOURCE = 65535
+
+_KEY_BAD = re.compile(r"[^\w\-. /:]")  # MLflow keys: alphanumerics, _ - . space / (and : on most stores)
+
+
+def flatten_params(params: dict, prefix: str = "") -> dict[str, str]:
+    """Nested config dict -> ``{"normalize.min_chars": "5"}``; values stringified, redacted, cut to MLflow's limit."""
+    out: dict[str, str] = {}
+    for k, v in (params or {}).items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(flatten_params(v, key))
+        else:
+            out[_key(key)] = _cut(redact(redact_obj({k: v})[k]), MAX_PARAM_VALUE)
+    return out
+
+
+def _key(key: str) -> str:
+    return _KEY_BAD.sub("_", key)[:MAX_KEY]
+
+
+def _cut(s: str, n: int) -> str:
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def _numeric_metrics(metrics: dict) -> dict[str, float]:
+    out = {}
+    for k, v in (metrics or {}).items():
+        if isinstance(v, numbers.Real):  # bool, int, float, numpy scalars; NaN kept
+            out[_key(str(k))] = float(v)
+    return out
+
+
+def _tag_values(tags: dict | None) -> dict[str, str]:
+    return {_key(str(k)): _cut(redact(v), MAX_TAG_VALUE) for k, v in (tags or {}).items()}
+
+
+def _chunks(items: list, n: int):
+    for i in range(0, len(items), n):
+        yield items[i:i + n]
+
+
+def _dataset_input(spec: dict):
+    """A lineage record that never loads the data: ``MetaDataset`` over a path/URI + a digest."""
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.data.sources import LocalArtifactDatasetSource
+    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    source = _cut(str(spec["source"]), MAX_DATASET_SOURCE)
+    scheme = urlparse(source).scheme
+    src = None
+    if len(scheme) > 1 and scheme != "file":  # s3://, https://... (one letter = a Windows drive)
+        try:
+            from mlflow.data.dataset_source_registry import resolve_dataset_source
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                src = resolve_dataset_source(source)
+        except Exception:  # unknown scheme (e.g. "datasets:"): keep it as an opaque URI
+            src = None
+    if src is None:
+        # explicit class: from a bare string MLflow warns "can be interpreted in multiple ways" (mlflow#9702)
+        src = LocalArtifactDatasetSource(source)
+    digest = str(spec.get("digest") or "")
+    name = _cut(str(spec.get("name") or Path(source).name or "dataset"), MAX_DATASET_NAME)
+    ds = MetaDataset(source=src, name=name, digest=digest[:MAX_DATASET_DIGEST] or None)
+    tags = [InputTag(key=MLFLOW_DATASET_CONTEXT, value=str(spec.get("context") or "input"))]
+    if len(digest) > MAX_DATASET_DIGEST:  # MLflow caps digests at 36 chars; keep the whole one as a tag
+        tags.append(InputTag(key="digest", value=digest))
+    return DatasetInput(dataset=ds._to_mlflow_entity(), tags=tags)
+
+
+def _system_tags(tags: dict[str, str]) -> dict[str, str]:
+    """Add what ``mlflow.start_run`` would (user, source name/type, git commit) to the given tags."""
+    try:
+        from mlflow.tracking.context.registry import resolve_tags
+
+        return resolve_tags(tags)
+    except Exception:  # internal API; tags are a nicety
+        return tags
+
+
+
+
+def history_points(records: list[dict], step_key: str = "step", ts: int = 0) -> list:
+    """Step-indexed ``Metric`` points of metrics.jsonl records (``train.<k>`` for training records).
+
+    A record's own ``_ts`` (ms, stamped when it was queued) wins over ``ts``: a batch sent again after a
+    lost response is then identical, and MLflow drops exact duplicates (key, value, timestamp, step)."""
+    from mlflow.entities import Metric
+
+    return [Metric(_key(f"train.{k}" if r.get("type", "train") == "train" else k), float(v), int(r.get("_ts", ts)),
+                   int(r[step_key]))
+            for r in records if step_key in r
+            for k, v in r.items() if k not in (step_key, "type") and not k.startswith("_")
+            and isinstance(v, numbers.Real) and not isinstance(v, bool)]
