@@ -177,8 +177,9 @@ def test_rows_are_packed_documents(built, kind):
 def check_word_starts(tok, kind, texts, enc, ids, ws, sp, lang):
     """Space-delimited text: a token belongs to the pre-token whose span holds its start offset; WordPiece
     checks this against the "##" prefix, independent of the pre-tokenizer. Chinese word starts come from ICU,
-    not from the pre-tokenizer: tests/test_words.py checks them against a human segmentation."""
-    if lang == "zh":
+    and Hindi words keep their vowel signs (the byte-level pre-tokenizer splits at them), not from the
+    pre-tokenizer: tests/test_words.py checks both against segmentations made outside the code."""
+    if lang == "zh" or (lang == "hi" and kind == "bpe"):
         return
     exp = []
     for text, e in zip(texts, enc):

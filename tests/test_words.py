@@ -132,3 +132,30 @@ def test_one_start_per_word_with_multi_token_characters():
 def test_non_bmp_characters_keep_offsets_aligned():
     """ICU counts UTF-16 units; an emoji or an extension-B ideograph before the words must not shift them."""
     assert words_of(byte_tokenizer(), ["😀我们今天去公园"]) == [["😀", "我们", "今天", "去", "公园"]]
+
+
+def letter_runs(text: str) -> list[str]:
+    """Maximal runs of letters and combining marks (Unicode general categories L and M)."""
+    out, cur = [], ""
+    for ch in text:
+        if unicodedata.category(ch)[0] in "LM":
+            cur += ch
+        elif cur:
+            out, cur = out + [cur], ""
+    return out + [cur] if cur else out
+
+
+def test_hindi_words_keep_their_vowel_signs():
+    """The byte-level pre-tokenizer splits at every combining mark ("बाज़ार" -> 5 pieces); the stored words
+    must be the whole words, checked on real Hindi lines that hold only Devanagari letters and punctuation."""
+    lines = [ln.strip() for ln in (DATA / "text" / "hi.txt").read_text(encoding="utf-8").splitlines()]
+    lines = [ln for ln in lines if ln and all(unicodedata.category(c)[0] in "LMPZ" and not c.isascii()
+                                              or c in " ,.?!" for c in ln)][:40]
+    assert len(lines) >= 10
+    cfg = TokenizerConfig(algorithm="bpe", vocab_size=1000, min_frequency=2)
+    expected = [letter_runs(t) for t in lines]
+    assert [[w for w in ws if letter_runs(w)] for ws in words_of(byte_tokenizer(), lines)] == expected
+    # a trained BPE may merge a vowel sign with the punctuation after it ("ै," one token): compare letters only
+    got = [[r for w in ws for r in letter_runs(w)] for ws in words_of(prepare_tokenizer(train(cfg, lines)), lines)]
+    assert got == expected
+    assert words_of(byte_tokenizer(), ["मैं आज बाज़ार जा रहा हूँ।"]) == [["मैं", "आज", "बाज़ार", "जा", "रहा", "हूँ", "।"]]

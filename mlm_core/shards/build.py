@@ -22,7 +22,8 @@ Columns (each a ``fixed_size_list<_, seq_len>``):
   word_start   uint8, 1 where a token starts a word, 0 for [CLS]/[SEP]/[PAD]. In space-delimited text a word
                is a pre-token (``Encoding.word_ids`` changes: WordPiece, byte-level BPE and Unigram alike); in
                runs of Han, Kana, Thai, Lao, Khmer and Myanmar, whose pre-tokens are whole clauses, the words
-               come from ICU's dictionary word-break iterator (``words.py``). The first token of a row that
+               come from ICU's dictionary word-break iterator, and a word keeps its combining marks (vowel
+               signs), where the byte-level pre-tokenizer splits (``words.py``). The first token of a row that
                continues a document is a start too, so every word piece inside a row has a start to group on.
 
 File format: uncompressed Arrow IPC **stream** format, one record batch per file. Under ``pa.memory_map``
