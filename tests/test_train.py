@@ -22,8 +22,9 @@ ROLES = ["pad", "unk", "cls", "sep", "mask"]
 LANGS = ("en", "fr", "ru")
 
 
-def tiny_shards(root: Path, n_docs: int = 120, vocab: int = 400, seq_len: int = 32):
-    """(shards Artifact, tokenizer Artifact) built by the real shards stage from the first demo-corpus lines."""
+def tiny_shards(root: Path, n_docs: int = 120, vocab: int = 400, seq_len: int = 32, corpus: Path | None = None):
+    """(shards Artifact, tokenizer Artifact) built by the real shards stage from the first demo-corpus lines
+    (or the first lines of ``corpus``/<lang>.txt)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
     from mlm_core.configio import load_config
@@ -31,7 +32,8 @@ def tiny_shards(root: Path, n_docs: int = 120, vocab: int = 400, seq_len: int = 
     from mlm_core.store import MANIFEST, Artifact, write_json_atomic
 
     root.mkdir(parents=True, exist_ok=True)
-    docs = {lg: (REPO / "configs/demo/corpus" / f"{lg}.txt").read_text(encoding="utf-8").splitlines()[:n_docs]
+    corpus = corpus or REPO / "configs/demo/corpus"
+    docs = {lg: [t for t in (corpus / f"{lg}.txt").read_text(encoding="utf-8").splitlines() if t.strip()][:n_docs]
             for lg in LANGS}
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
     tok.normalizer, tok.pre_tokenizer = normalizers.NFKC(), pre_tokenizers.BertPreTokenizer()
@@ -185,15 +187,26 @@ def test_stage_refuses_mismatched_inputs(shards, tmp_path):
         run_pretrain(lc, {"shards": long, "tokenizer": shards[1]}, tmp_path / "o")
 
 
-def test_stage_electra_saves_the_discriminator_without_hf_export(shards, tmp_path):
-    from mlm_core.model import MLMEncoder, load_weights, read_arch
+def test_stage_electra_saves_the_generator_as_the_mlm_and_both_exports(shards, tmp_path):
+    """model.safetensors is the trained generator (what evaluate / fill-mask / the audit load), the
+    discriminator sits beside it, and both transformers folders are written."""
+    from mlm_core.fillmask import load_model_dir
+    from mlm_core.model import load_weights, read_arch
+    from mlm_core.model.electra import Discriminator
     from mlm_core.train.stage import run_pretrain
     lc = _lc(tmp_path, steps=4, objective="electra", checkpoint_every=4)
     out = tmp_path / "out"
     out.mkdir()
     m = run_pretrain(lc, {"shards": shards[0], "tokenizer": shards[1]}, out, checkpoint_dir=tmp_path / "ck")
-    assert m["export"] is None and "ELECTRA" in m["export_note"] and (out / "generator.safetensors").is_file()
-    load_weights(MLMEncoder(read_arch(out / "model.safetensors")), out / "model.safetensors")
+    assert m["mlm_model"] == "generator" and m["export"] == "hf" and m["export_discriminator"] == "hf-discriminator"
+    assert (out / "hf" / "config.json").is_file() and (out / "hf-discriminator" / "model.safetensors").is_file()
+    gen, _tok, _mask = load_model_dir(out)
+    assert gen.arch.hidden == 16 and gen.arch.embedding_size == 64       # generator_fraction 0.25 of 64
+    disc = Discriminator(read_arch(out / "discriminator.safetensors"))
+    load_weights(disc, out / "discriminator.safetensors")
+    assert disc.arch.hidden == 64 and not hasattr(disc, "head_dense")
+    cfgjson = json.loads((out / "model_config.json").read_text())
+    assert cfgjson["mlm_model"] == "generator" and cfgjson["objective"] == "electra" and cfgjson["discriminator"]["hidden"] == 64
     assert all("disc_acc" in r for r in m["eval"].values())
 
 

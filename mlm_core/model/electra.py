@@ -103,7 +103,8 @@ class ElectraModel(nn.Module):
         """Generator MLM loss on the selected positions, then the discriminator on the sampled text.
 
         Returns the generator's {"loss", "logits", "n_predictions"} plus "disc_loss" (mean BCE over the
-        non-pad tokens), "disc_logits", "disc_target" (1 = replaced), "n_disc", "disc_correct"."""
+        non-pad tokens), "disc_logits", "disc_target" (1 = replaced), "sampled" (the generator's sample at
+        the selected positions), "n_disc", "disc_correct"."""
         g = self.gen(input_ids, segment_ids, labels, label_smoothing)
         sel = labels != -100
         with torch.no_grad():
@@ -115,7 +116,7 @@ class ElectraModel(nn.Module):
         d = self.disc.rtd_logits(self.disc.encode(corrupted, segment_ids)[real]).float()
         bce = F.binary_cross_entropy_with_logits(d, target)
         return {"loss": g["loss"], "logits": g["logits"], "n_predictions": g["n_predictions"], "disc_loss": bce,
-                "disc_logits": d.detach(), "disc_target": target, "n_disc": int(target.numel()),
+                "disc_logits": d.detach(), "disc_target": target, "sampled": sampled, "n_disc": int(target.numel()),
                 "disc_correct": ((d > 0) == (target > 0.5)).sum()}
 
 
