@@ -14,7 +14,9 @@ MASK = "***"
 _URL_CRED = re.compile(r"(?P<pre>[A-Za-z][\w+.-]*://[^:/@\s'\"]*):(?P<pw>[^@/\s'\"]+)@")
 _SECRET_WORDS = r"(?:password|passwd|secret|token|api[_-]?key|access[_-]?key|credentials?|auth[_-]?string)"
 # key=value / key: value / 'key': 'value' where the key names a secret
-_SECRET_KV = re.compile(rf"(?i)(?P<key>[\w.-]*{_SECRET_WORDS}[\w.-]*)(?P<q1>['\"]?)(?P<sep>\s*[=:]\s*)"
+# the secret word must stand alone in the key (``api_token``, ``MLFLOW_TRACKING_PASSWORD``), not ``tokenizer``
+_SECRET_KV = re.compile(rf"(?i)(?P<key>[\w.-]*?(?<![a-z]){_SECRET_WORDS}(?![a-z])[\w.-]*)(?P<q1>['\"]?)"
+                        rf"(?P<sep>\s*[=:]\s*)"
                         rf"(?P<q2>['\"]?)(?P<val>[^\s'\",}}\]]+)")
 
 
