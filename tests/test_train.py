@@ -228,3 +228,115 @@ def test_adamw_groups_and_schedule():
     assert round(lr_lambda(55, warmup=10, total=100, decay="cosine"), 4) == 0.5
     assert lr_lambda(99, warmup=10, total=100, decay="constant") == 1.0
     assert sched.get_last_lr()[0] == pytest.approx(1e-3 * 0.1)
+
+
+# ------------------------------------------------------------------------------------------------ loop defects
+class _FakeShards:
+    """A shard set whose first 2,048 train rows are all token 7 and the remaining 3,000 rows token 9."""
+
+    manifest = {"vocab_size": 20}
+
+    def __init__(self):
+        import numpy as np
+        self.parts = [np.full((2048, 4), 7, np.int32), np.full((3000, 4), 9, np.int32)]
+
+    def languages(self, split):
+        return ["en"]
+
+    def input_ids(self, split, lang):
+        from types import SimpleNamespace
+        return SimpleNamespace(parts=self.parts)
+
+
+def test_unigram_baseline_counts_the_whole_train_split_for_loop_and_evaluate(shards):
+    """One definition: the most frequent token over every train row (not the first 2,048 rows), the same
+    in the training loop's validation and in evaluate's baseline ranking."""
+    import numpy as np
+
+    from mlm_core.evaluate.intrinsic import frequency_ranks, unigram_counts
+    from mlm_core.shards import ShardDataset
+    from mlm_core.train.evaluator import Evaluator
+    from mlm_core.unigram import unigram_top
+    fake = _FakeShards()
+    assert unigram_top(fake, [0, 1, 2, 3, 4]) == {"en": 9}                 # 3,000 x 4 nines beat 2,048 x 4 sevens
+    assert int(np.argmin(frequency_ranks(unigram_counts(fake, [0, 1, 2, 3, 4])["en"]))) == 9
+    # on the real tiny shards: the loop's prediction is an independent full count's argmax
+    ds = ShardDataset(shards[0])
+    specials = {r: int(e["id"]) for r, e in ds.manifest["special_tokens"].items()}
+    from mlm_core.masking import Masker
+    from mlm_core.train.objectives import objective_for
+    cfg = tiny_cfg()
+    ev = Evaluator(cfg, ds, Masker, int(ds.manifest["vocab_size"]), specials, 0, objective_for(cfg))
+    for lang in LANGS:
+        col = ds.columns("train", lang)["input_ids"]
+        rows = np.asarray(col.take(np.arange(len(col)))).reshape(-1)
+        counts = np.bincount(rows, minlength=int(ds.manifest["vocab_size"]))
+        counts[sorted(specials.values())] = 0
+        assert ev.top[lang] == int(np.argmax(counts)), lang
+
+
+def test_logged_loss_is_the_mean_over_the_interval_and_resumes_exactly(shards, tmp_path):
+    """log_every=5 logs the mean of the five per-step losses (log_every=1 shows them; the trajectory is the
+    same), also across a resume from a checkpoint in mid-interval (step 6: its partial sum is restored)."""
+    every = read_metrics
+    run(tiny_cfg(steps=15, log_every=1, checkpoint_every=100), shards[0], tmp_path / "each")
+    per_step = {r["step"]: r["loss"] for r in every(tmp_path / "each")}
+    cfg5 = tiny_cfg(steps=15, log_every=5, checkpoint_every=6)
+    run(cfg5, shards[0], tmp_path / "five", stop_after=8)
+    from mlm_core.train.checkpoint import step_dir_name
+    shutil.rmtree(tmp_path / "five" / "checkpoints" / step_dir_name(8))   # as if killed after step 8's work
+    res = run(cfg5, shards[0], tmp_path / "five")
+    assert res["resumed_from"] == 6                                  # mid-interval: step 6 before, 7-10 after
+    logged = {r["step"]: r["loss"] for r in every(tmp_path / "five")}
+    assert sorted(logged) == [5, 10, 15]
+    for end in (5, 10, 15):
+        mean = sum(per_step[s] for s in range(end - 4, end + 1)) / 5
+        assert logged[end] == pytest.approx(mean, rel=1e-9, abs=1e-12), end
+        assert logged[end] != pytest.approx(per_step[end], rel=1e-6)
+    assert res["final_loss"] == logged[15]
+
+
+def _fake_checkpoint(root: Path, name: str, step: int) -> None:
+    (root / name).mkdir(parents=True)
+    from mlm_core.train.checkpoint import FORMAT
+    (root / name / "meta.json").write_text(json.dumps({"format": FORMAT, "step": step, "files": {}}))
+
+
+def test_checkpoint_names_sort_by_step_past_ten_million(tmp_path):
+    from mlm_core.train.checkpoint import find_latest, prune, step_dir_name
+    names = [step_dir_name(s) for s in (9_999_999, 10_000_000, 123_456_789_012)]
+    assert names == sorted(names)                                     # the names themselves sort like the steps
+    root = tmp_path / "ck"
+    _fake_checkpoint(root, "step-9999999", 9_999_999)                # a 7-digit name from an older run
+    _fake_checkpoint(root, "step-0000100", 100)
+    assert find_latest(root)[0].name == "step-9999999"              # old names are still found
+    _fake_checkpoint(root, step_dir_name(10_000_001), 10_000_001)
+    assert find_latest(root)[0].name == step_dir_name(10_000_001)
+    prune(root, keep=2)
+    assert sorted(p.name for p in root.iterdir()) == sorted(["step-9999999", step_dir_name(10_000_001)])
+
+
+def test_resuming_on_more_ranks_seeds_each_new_rank(shards, tmp_path, monkeypatch):
+    """A checkpoint written by one process has no RNG state for ranks 1-3: each new rank derives its
+    own streams from (seed, rank, step), so their dropout streams differ from each other and from the
+    state a fresh build leaves (the same on every rank: all ranks seed the init identically)."""
+    import torch
+
+    from mlm_core.shards import ShardDataset
+    from mlm_core.train import distributed
+    from mlm_core.train.loop import build_model, train
+    cfg = tiny_cfg(steps=8, checkpoint_every=4, model={"dropout": 0.1})
+    run(cfg, shards[0], tmp_path, stop_after=4)
+    monkeypatch.setattr(distributed, "wrap_model", lambda model, *a, **k: model)      # no process group here
+    monkeypatch.setattr(distributed, "all_reduce_sum", lambda t, *a, **k: t)
+    states = {}
+    for rank in (1, 2, 3):
+        ds = ShardDataset(shards[0])
+        torch.manual_seed(0)
+        model, _ = build_model(cfg, int(ds.manifest["vocab_size"]), 0)
+        after_build = torch.get_rng_state().clone()
+        res = train(cfg, ds, model, tmp_path, seed=0, rank=rank, world_size=4, stop_after=4)
+        assert res["resumed_from"] == 4
+        states[rank] = torch.get_rng_state().clone()
+        assert not torch.equal(states[rank], after_build), rank
+    assert not torch.equal(states[1], states[2]) and not torch.equal(states[2], states[3])
