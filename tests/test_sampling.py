@@ -33,6 +33,20 @@ def test_small_alpha_flattens_toward_uniform():
     assert all(abs(v - uniform) < 0.01 for v in language_weights(COUNTS, 0.01).values())
 
 
+def test_alpha_0_3_values_computed_by_hand():
+    """XLM-R's α = 0.3, numbers worked out by hand (not by the code under test):
+    {a: 100, b: 1}: 100^0.3 = 10^0.6 = 3.98107; p(a) = 3.98107 / 4.98107 = 0.79924, p(b) = 1 / 4.98107 = 0.20076.
+    {en: 1000, fr: 10, zh: 1}: 10^0.9 = 7.94328, 10^0.3 = 1.99526, 1; sum 10.93854;
+    p = 0.72617, 0.18241, 0.09142; zh's natural share is 1/1011, so it is drawn 92.4 x as often as its share."""
+    p = language_weights({"a": 100, "b": 1}, 0.3)
+    assert p["a"] == pytest.approx(0.79924, abs=1e-5) and p["b"] == pytest.approx(0.20076, abs=1e-5)
+    p = language_weights({"en": 1000, "fr": 10, "zh": 1}, 0.3)
+    assert [round(p[k], 5) for k in ("en", "fr", "zh")] == [0.72617, 0.18241, 0.09142]
+    by = {r.lang: r for r in sampling_table({"en": 1000, "fr": 10, "zh": 1}, 0.3)}
+    assert by["zh"].upsampling == pytest.approx(92.425, abs=1e-3)
+    assert by["en"].upsampling == pytest.approx(0.73416, abs=1e-5)
+
+
 def test_order_is_kept_and_large_counts_do_not_overflow():
     p = language_weights({"zh": 10**15, "en": 10**18}, 1.0)
     assert list(p) == ["zh", "en"]
