@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # a required dependency: missing must fail loudly, not skip the module
 
 from mlm_core.config import ModelConfig  # noqa: E402
 from mlm_core.model import SIZES, Arch, ArchError, MLMEncoder, resolve_arch  # noqa: E402

@@ -19,7 +19,7 @@ from mlm_core.config import TrackingConfig  # noqa: E402
 from tasks import tracking  # noqa: E402
 from tasks.tracking import Tracker, TrackingError  # noqa: E402
 
-pytest.importorskip("mlflow")
+import mlflow  # noqa: E402,F401  (a required dependency: missing must fail loudly, not skip the module)
 
 
 def _free_port() -> int:

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO, write_lines
 
-torch = pytest.importorskip("torch")
+import torch  # a required dependency: missing must fail loudly, not skip the module
 
 from mlm_core.config import EvaluateConfig, FinetuneConfig, ModelConfig, TokenizerConfig, TransferTask  # noqa: E402
 from mlm_core.evaluate.conll import (ConllError, read_conllu, read_demo_parallel, read_labeled,  # noqa: E402
