@@ -34,9 +34,10 @@ IGNORE = -100
 BUCKET_POOL = 50        # training batches sorted by length together (bucketing pool)
 WARMUP_FRACTION = 0.1   # linear warmup over the first 10% of steps, then linear decay to 0
 WEIGHT_DECAY = 0.01     # AdamW decay on matrices (off for norms, biases and under L2-SP)
-# the MLM head of the encoder plays no part in a task model: never optimized, never penalized
-MLM_HEAD_PREFIXES = ("head_dense.", "head_norm.", "head_bias", "decoder.")
-EMBEDDING_PREFIXES = ("tok_emb.", "type_emb.", "pos_emb.", "emb_norm.")
+# the MLM head of the encoder (or an ELECTRA discriminator's replaced-token head) plays no part in a task
+# model: never optimized, never penalized
+MLM_HEAD_PREFIXES = ("head_dense.", "head_norm.", "head_bias", "decoder.", "rtd_dense.", "rtd_out.")
+EMBEDDING_PREFIXES = ("tok_emb.", "type_emb.", "pos_emb.", "emb_norm.", "emb_proj.")
 
 
 # ---- batching --------------------------------------------------------------------------------------

@@ -367,8 +367,10 @@ def run_retrieval(model, tok, files: dict[str, str], layer: int, base_dir: Path)
 # ---- the entry point -------------------------------------------------------------------------------
 def run_transfer(model_dir: Path, cfg: EvaluateConfig, base_dir: Path, seed: int) -> dict:
     """Every configured transfer task for the model in ``model_dir``; the model on disk is not modified."""
+    from mlm_core.evaluate.intrinsic import load_discriminator
     from mlm_core.fillmask import load_model_dir
     model, tok, _ = load_model_dir(Path(model_dir))
+    model = load_discriminator(Path(model_dir)) or model    # ELECTRA: the discriminator is the encoder to transfer
     base_dir = Path(base_dir)
     out: dict = {}
     if cfg.upos is not None:
