@@ -246,3 +246,16 @@ def test_export_variants_have_equal_logits(tmp_path, position, tie):
                 p.add_(0.1 * torch.randn_like(p))
     export_electra(model.gen, model.disc, tmp_path, tmp_path / "tokenizer.json", specials)
     _check_export(model.gen, model.disc, tmp_path, 100)
+
+
+def test_transfer_fine_tunes_the_discriminator(run, monkeypatch):
+    """Zero-shot transfer evaluates the encoder ELECTRA is meant to provide: the discriminator."""
+    from mlm_core.config import EvaluateConfig
+    from mlm_core.evaluate import transfer
+    from mlm_core.model.electra import Discriminator
+    _, out, _ = run
+    seen = []
+    monkeypatch.setattr(transfer, "run_retrieval", lambda model, *a, **k: seen.append(model) or {})
+    transfer.run_transfer(out, EvaluateConfig.model_validate({"retrieval": {"en": "x.jsonl", "fr": "x.jsonl"}}),
+                          Path("."), 0)
+    assert len(seen) == 1 and isinstance(seen[0], Discriminator) and seen[0].arch.hidden == 64
