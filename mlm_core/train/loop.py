@@ -28,7 +28,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mlm_core.config import PretrainConfig, field_effect, trajectory_view
