@@ -247,17 +247,20 @@ def cmd_run(args) -> int:
     guard.check_workdir(lc.workdir)   # writable, some space free: before Prefect puts its database there
     prepare_env(lc.workdir)
     from mlm_core.train import signals
-    signals.install()                 # SIGTERM/SIGINT: training checkpoints at the next step, then exits 143/130
-    from flows.pipeline import STAGE_FLOWS, pipeline
-    guard.quiet_expected_tracebacks()
-    ephemeral.start(lc.workdir)       # generous start-up timeout, under a lock, never orphaned (flows/ephemeral.py)
-    overrides = list(args.set or [])
-    if args.only:
-        # the same as the stage's Prefect flow: reuse its complete output unless --force (flow: force)
-        results = STAGE_FLOWS[args.only](config_path=args.config, overrides=overrides, force=args.force)
-    else:
-        results = pipeline(config_path=args.config, overrides=overrides, from_stage=args.from_stage,
-                           force=args.force)
+    previous = signals.install()      # SIGTERM/SIGINT: training checkpoints at the next step, then exits 143/130
+    try:
+        from flows.pipeline import STAGE_FLOWS, pipeline
+        guard.quiet_expected_tracebacks()
+        ephemeral.start(lc.workdir)   # generous start-up timeout, under a lock, never orphaned (flows/ephemeral.py)
+        overrides = list(args.set or [])
+        if args.only:
+            # the same as the stage's Prefect flow: reuse its complete output unless --force (flow: force)
+            results = STAGE_FLOWS[args.only](config_path=args.config, overrides=overrides, force=args.force)
+        else:
+            results = pipeline(config_path=args.config, overrides=overrides, from_stage=args.from_stage,
+                               force=args.force)
+    finally:
+        signals.restore(previous)
     print()
     print(f"{'stage':<12} {'result':<8} {'fingerprint':<17} {'seconds':>8}  path")
     for r in results:
@@ -351,17 +354,19 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     from flows import guard
     try:
-        return args.func(args) or 0
+        code = args.func(args) or 0
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
-        return 130
+        code = 130
     except Exception as exc:  # noqa: BLE001 - every error ends as one `error:` line (MLM_VERBOSE=1: traceback)
         guard.report(exc)
-        return guard.exit_code(exc)
-    finally:
-        warning = guard.tracking_warning(getattr(args, "config", None) or "CONFIG")
-        if warning:
-            print(warning, file=sys.stderr)
+        code = guard.exit_code(exc)
+    warning = guard.tracking_warning(getattr(args, "config", None) or "CONFIG")
+    if warning:
+        print(warning, file=sys.stderr)
+    if argv is None and args.command == "run":
+        guard.fast_exit(code)   # skip the interpreter's final garbage collection (10+ s after a run, measured)
+    return code
 
 
 if __name__ == "__main__":

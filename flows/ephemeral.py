@@ -12,7 +12,7 @@ from an ``atexit`` hook. Three problems on real runs, fixed here:
   reaches only ``mlm``, which then checkpoints and reports to a server that is still up.
 - **Start-up under load.** Prefect waits 20 s by default for the server (``PREFECT_SERVER_EPHEMERAL_STARTUP_
   TIMEOUT_SECONDS``, setting ``server.ephemeral.startup_timeout_seconds`` in Prefect 3.9); a first start runs
-  the database migrations, 13-22 s on an idle 2-core machine. ``prepare_env`` sets 120 s unless the user set it.
+  the database migrations, 13-22 s on an idle 2-core machine. ``startup_timeout``: 120 s unless the user set one.
 - **Two runs on one fresh workdir.** Both ran the SQLite migrations of ``<workdir>/prefect/prefect.db`` at
   once. ``start()`` holds the workdir's ``prefect-db`` lock until the server answers its health check.
 
@@ -69,9 +69,15 @@ def install_guard() -> None:
         srv.subprocess = _GuardedSubprocess()
 
 
-def set_startup_timeout_default() -> None:
-    """A generous start-up timeout unless the user chose one (env var, or a Prefect profile/setting)."""
-    os.environ.setdefault(STARTUP_TIMEOUT_ENV, DEFAULT_STARTUP_TIMEOUT_S)
+def startup_timeout() -> int:
+    """Seconds to wait for the temporary server: the user's choice (the environment variable, or a Prefect
+    profile setting other than Prefect's default), else ours. Prefect reads its settings once, at import,
+    so the value is passed to ``start`` explicitly."""
+    if os.environ.get(STARTUP_TIMEOUT_ENV, "").strip():
+        return int(float(os.environ[STARTUP_TIMEOUT_ENV]))
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+    configured = int(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+    return configured if configured != PREFECT_DEFAULT_STARTUP_TIMEOUT_S else int(DEFAULT_STARTUP_TIMEOUT_S)
 
 
 def start(workdir: Path) -> str | None:
@@ -79,15 +85,10 @@ def start(workdir: Path) -> str | None:
     reported before any stage runs; Prefect's flows then reuse it. Returns its API URL, or None."""
     if os.environ.get("PREFECT_API_URL"):
         return None
-    from prefect.settings import (PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED,
-                                  PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return None
-    configured = int(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
-    # Prefect reads its settings once at import: pass the timeout explicitly. The user's choice (env var or
-    # profile, i.e. anything but Prefect's default) wins.
-    user_set = STARTUP_TIMEOUT_ENV in os.environ or configured != PREFECT_DEFAULT_STARTUP_TIMEOUT_S
-    timeout = configured if user_set else int(DEFAULT_STARTUP_TIMEOUT_S)
+    timeout = startup_timeout()
     install_guard()
     from prefect.server.api.server import SubprocessASGIServer
 
@@ -105,4 +106,4 @@ def start(workdir: Path) -> str | None:
     return server.api_url
 
 
-__all__ = ["install_guard", "start", "set_startup_timeout_default", "STARTUP_TIMEOUT_ENV"]
+__all__ = ["install_guard", "start", "startup_timeout", "STARTUP_TIMEOUT_ENV"]

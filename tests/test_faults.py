@@ -398,6 +398,15 @@ def test_kill9_of_mlm_leaves_no_prefect_server(tmp_path):
             os.kill(server, signal.SIGKILL)
 
 
+def test_prefect_startup_timeout_generous_unless_the_user_set_one(monkeypatch, tmp_path):
+    from flows.ephemeral import STARTUP_TIMEOUT_ENV, startup_timeout
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))      # a user's own PREFECT_HOME must not change it
+    monkeypatch.delenv(STARTUP_TIMEOUT_ENV, raising=False)
+    assert startup_timeout() == 120                        # Prefect's own default is 20 s
+    monkeypatch.setenv(STARTUP_TIMEOUT_ENV, "45")
+    assert startup_timeout() == 45
+
+
 # ------------------------------------------------------------------------------------ two runs, one workdir
 @pytest.fixture(scope="module")
 def shared_workdir(tmp_path_factory):

@@ -62,13 +62,20 @@ def _handler(signum, frame) -> None:
     raise Interrupted(f"stopped by {_name(signum)}", signum)
 
 
-def install() -> None:
-    """Install the handler for SIGTERM and SIGINT (main thread only; elsewhere a no-op)."""
+def install() -> dict:
+    """Install the handler for SIGTERM and SIGINT (main thread only; elsewhere a no-op); returns the previous
+    handlers for ``restore``."""
     if threading.current_thread() is not threading.main_thread():
-        return
-    for s in SIGNALS:
-        signal.signal(s, _handler)
+        return {}
+    prev = {s: signal.signal(s, _handler) for s in SIGNALS}
     _state["installed"] = True
+    return prev
+
+
+def restore(prev: dict) -> None:
+    """Put back the handlers ``install`` replaced (a CLI called in-process, e.g. by a test)."""
+    for s, h in prev.items():
+        signal.signal(s, h)
 
 
 def reset() -> None:
@@ -119,4 +126,4 @@ def interrupted(step: int, checkpoint) -> Interrupted:
                        f"checkpoint saved in {checkpoint}: rerun the same command to resume", signum)
 
 
-__all__ = ["Interrupted", "install", "reset", "requested", "graceful", "should_stop", "interrupted"]
+__all__ = ["Interrupted", "install", "restore", "reset", "requested", "graceful", "should_stop", "interrupted"]
