@@ -38,11 +38,13 @@ def _normalize_rows(art: Artifact) -> list[dict]:
 
 
 def _tokenizer_rows(art: Artifact) -> list[dict]:
-    limits = art.manifest.get("limits", {})
+    # the limits the output was last validated against (thresholds are not part of the stored output)
+    tcfg = (art.manifest.get("thresholds") or {}).get("tokenizer") or {}
+    per_lang = tcfg.get("max_fertility_per_lang") or {}
     return [{"lang": lang, "heldout_docs": s["heldout_docs"], "tokens_per_word": round(s["tokens_per_word"], 3),
              "tokens_per_char": round(s["tokens_per_char"], 3), "unk_rate": round(s["unk_rate"], 5),
              "no_spaces": s.get("no_spaces", False),
-             "max_fertility": limits.get("max_fertility", {}).get(lang)}
+             "max_fertility": per_lang.get(lang, tcfg.get("max_fertility"))}
             for lang, s in sorted(art.manifest.get("languages", {}).items())]
 
 

@@ -4,10 +4,10 @@ In: the normalize artifact (``docs/<lang>.parquet``, manifest ``languages[lang].
 ``tokenizer`` config section (with ``PipelineConfig.tokenizer_alpha`` and ``seed``). Out (stage folder):
   tokenizer.json         HF ``tokenizers`` file; loads in transformers (PreTrainedTokenizerFast / AutoTokenizer)
   stats.parquet          per language: heldout_docs, words, chars, tokens, tokens_per_word, tokens_per_char,
-                         unk_rate, no_spaces, max_fertility, max_unk_rate
+                         unk_rate, no_spaces (the fertility and UNK limits are thresholds, applied by the contract)
   vocab_scripts.parquet  script, tokens, share
 The stage fails when the vocabulary cannot hold the alphabet, or comes out smaller than
-``min_vocab_fraction * vocab_size``. Fertility and UNK-rate limits are recorded, not enforced here: the
+``min_vocab_fraction * vocab_size``. Fertility and UNK-rate limits are not enforced here: the
 tokenizer data contract (Great Expectations suite) checks them.
 """
 from __future__ import annotations
@@ -32,8 +32,7 @@ TOKENIZER_FILE = "tokenizer.json"
 STATS_SCHEMA = pa.schema([
     ("lang", pa.string()), ("heldout_docs", pa.int64()), ("words", pa.int64()), ("chars", pa.int64()),
     ("tokens", pa.int64()), ("tokens_per_word", pa.float64()), ("tokens_per_char", pa.float64()),
-    ("unk_rate", pa.float64()), ("no_spaces", pa.bool_()), ("max_fertility", pa.float64()),
-    ("max_unk_rate", pa.float64())])
+    ("unk_rate", pa.float64()), ("no_spaces", pa.bool_())])
 SCRIPTS_SCHEMA = pa.schema([("script", pa.string()), ("tokens", pa.int64()), ("share", pa.float64())])
 
 
@@ -74,11 +73,9 @@ def run_tokenizer(lc, upstream: dict, out_dir: Path) -> dict:
 
     specials = special_ids(cfg.special_tokens)
     langs = heldout_stats(tok, sample.heldout, specials["unk"][1])
-    limits = {"max_unk_rate": cfg.max_unk_rate,
-              "max_fertility": {lang: cfg.max_fertility_per_lang.get(lang, cfg.max_fertility) for lang in langs}}
     scripts = vocab_scripts(tok, cfg.algorithm, SPECIALS[cfg.special_tokens])
     n_scripts = sum(scripts.values()) or 1
-    _write_tables(out_dir, langs, limits, scripts, n_scripts)
+    _write_tables(out_dir, langs, scripts, n_scripts)
     log.info("tokenizer: vocab %d/%d in %.1f s; held-out %s", actual, cfg.vocab_size, train_seconds,
              {lang: round(s["tokens_per_char"] or 0, 3) for lang, s in langs.items()})
     return {
@@ -91,14 +88,13 @@ def run_tokenizer(lc, upstream: dict, out_dir: Path) -> dict:
         "vocab_scripts": {s: n / n_scripts for s, n in scripts.items()},
         "counts": {"vocab_size": actual, "sample_bytes": sample.bytes, "sample_docs": sample.docs,
                    "train_seconds": round(train_seconds, 3)},
-        "limits": limits,
     }
 
 
-def _write_tables(out_dir: Path, langs: dict, limits: dict, scripts: dict, n_scripts: int) -> None:
-    rows = [{"lang": lang, **{k: s[k] for k in STATS_SCHEMA.names if k in s},
-             "max_fertility": limits["max_fertility"][lang], "max_unk_rate": limits["max_unk_rate"]}
-            for lang, s in langs.items()]
+def _write_tables(out_dir: Path, langs: dict, scripts: dict, n_scripts: int) -> None:
+    # the fertility / UNK limits are thresholds: the data contract takes them from the config in force, so
+    # they are not written here (a stored tokenizer's bytes never depend on them)
+    rows = [{"lang": lang, **{k: s[k] for k in STATS_SCHEMA.names if k in s}} for lang, s in langs.items()]
     pq.write_table(pa.Table.from_pylist(rows, schema=STATS_SCHEMA), out_dir / "stats.parquet")
     srows = [{"script": s, "tokens": n, "share": n / n_scripts} for s, n in scripts.items()]
     pq.write_table(pa.Table.from_pylist(srows, schema=SCRIPTS_SCHEMA), out_dir / "vocab_scripts.parquet")
