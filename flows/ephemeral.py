@@ -14,7 +14,7 @@ from an ``atexit`` hook. Three problems on real runs, fixed here:
   TIMEOUT_SECONDS``, setting ``server.ephemeral.startup_timeout_seconds`` in Prefect 3.9); a first start runs
   the database migrations, 13-22 s on an idle 2-core machine. ``startup_timeout``: 120 s unless the user set one.
 - **Two runs on one fresh workdir.** Both ran the SQLite migrations of ``<workdir>/prefect/prefect.db`` at
-  once. ``start()`` holds the workdir's ``prefect-db`` lock until the server answers its health check.
+  once. ``start()`` holds a lock in ``$PREFECT_HOME`` until the server answers its health check.
 
 Reference: prefect/server/api/server.py (``SubprocessASGIServer.start``/``_run_uvicorn_command``), 3.9.1.
 """
@@ -93,9 +93,11 @@ def start(workdir: Path) -> str | None:
     from prefect.server.api.server import SubprocessASGIServer
 
     from mlm_core.errors import MlmError
-    from mlm_core.locks import workdir_lock
+    from mlm_core.locks import file_lock
     server = SubprocessASGIServer()
-    with workdir_lock(workdir, "prefect-db"):   # the first start runs the migrations of prefect.db
+    # the first start runs the migrations of $PREFECT_HOME/prefect.db (mlm run puts it in the workdir)
+    home = Path(os.environ.get("PREFECT_HOME") or Path(workdir) / "prefect").expanduser()
+    with file_lock(home / ".locks" / "prefect-db.lock", f"Prefect database in {home}", timeout=600):
         try:
             server.start(timeout=timeout)
         except RuntimeError as exc:

@@ -135,8 +135,13 @@ class _ShortExpected(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None and expected(exc) and not verbose():
             record.exc_info, record.exc_text = None, None
-        if isinstance(record.msg, str):
-            record.msg = redact(record.msg)
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 (a bad format string: leave the record to the handler)
+            return True
+        redacted = redact(text)
+        if redacted != text:
+            record.msg, record.args = redacted, None
         return True
 
 
