@@ -74,7 +74,7 @@ def install() -> dict:
 
 def restore(prev: dict) -> None:
     """Put back the handlers ``install`` replaced (a CLI called in-process, e.g. by a test)."""
-    for s, h in prev.items():
+    for s, h in (prev or {}).items():
         signal.signal(s, h)
 
 
