@@ -405,7 +405,15 @@ def _status(status: str) -> str:
     s = str(status).upper()
     if s not in RUN_STATUSES:
         raise ValueError(f"run status must be one of {RUN_STATUSES}, got {status!r}")
+    if s == "FAILED" and _stopped_by_signal():
+        return "KILLED"     # SIGTERM/SIGINT: the run was stopped (and checkpointed), not broken
     return s
+
+
+def _stopped_by_signal() -> bool:
+    import sys
+    exc = sys.exc_info()[1]
+    return exc is not None and (isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "Interrupted")
 
 
 def _active_run_id() -> str | None:
