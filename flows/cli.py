@@ -41,6 +41,9 @@ def _load(args):
 def cmd_config_validate(args) -> int:
     lc = _load(args)
     cfg = lc.config
+    if not args.no_paths:    # every named source/evaluation/audit file or glob must match a file
+        from flows.cli_util import check_paths
+        check_paths(args.config, lc)
     print(f"{args.config}: valid ({len(cfg.sources)} languages: {', '.join(cfg.languages)}; workdir {lc.workdir})")
     return 0
 
@@ -70,6 +73,11 @@ def cmd_config_docs(args) -> int:
     return 0
 
 
+def _run_cmd(lc, *extra: str) -> str:
+    from mlm_core.commands import run_command   # the user's config path and --set overrides, shell-quoted
+    return run_command(lc, *extra)
+
+
 def _fmt_bytes(n) -> str:
     if n is None:
         return "-"
@@ -83,6 +91,8 @@ def _fmt_bytes(n) -> str:
 def cmd_status(args) -> int:
     from mlm_core import stages
     from mlm_core.store import StageStore
+    from flows.cli_util import config_or_default
+    args.config = config_or_default(args.config, "mlm status")   # none given: ./mlm.yaml or the one configs/*.yaml
     lc = _load(args)
     store = StageStore(lc.workdir)
     rows = [p.as_row(store) for p in stages.plan(lc, store).values()]
@@ -100,8 +110,9 @@ def cmd_status(args) -> int:
         for prob in r.get("problems", []):
             print(f"{'':<12} {prob}")
     if any(r["status"] == "corrupt" for r in rows):
-        print(f"corrupt outputs: `mlm verify {args.config}` lists every problem; "
-              f"`mlm run {args.config} --only STAGE --force` rebuilds one")
+        from mlm_core.commands import mlm_command
+        print(f"corrupt outputs: `{mlm_command('verify', lc.path, lc.overrides)}` lists every problem; "
+              f"`{_run_cmd(lc, '--only', 'STAGE', '--force')}` rebuilds one")
     return 0
 
 
@@ -137,7 +148,7 @@ def cmd_verify(args) -> int:
                 print(f"{'':<12} {prob}")
     if bad:
         print(f"error: {sum(len(r['problems']) for r in rows)} problem(s) in the stored output of "
-              f"{', '.join(bad)}; rebuild with `mlm run {args.config} --only STAGE --force`", file=sys.stderr)
+              f"{', '.join(bad)}; rebuild with `{_run_cmd(lc, '--only', 'STAGE', '--force')}`", file=sys.stderr)
         return 1
     return 0
 
@@ -192,7 +203,7 @@ def cmd_evaluate(args) -> int:
     for need in ("normalize", "shards"):
         if plans[need].status != "done":
             raise stages.PlanError(f"`mlm evaluate` needs the {need} output (held-out data), which is "
-                                   f"{plans[need].status}: run `mlm run {args.config} --only {need}` first")
+                                   f"{plans[need].status}: run `{_run_cmd(lc, '--only', need)}` first")
     with _model_folder(args, lc) as folder:
         result = evaluate_model(folder, plans["shards"].path, plans["normalize"].path, lc, None)
     if args.json:
@@ -242,7 +253,9 @@ def cmd_fill_mask(args) -> int:
 def cmd_run(args) -> int:
     lc = _load(args)  # fail fast on a bad config, before Prefect starts
     from mlm_core import stages
-    stages.select(stages.plan(lc), only=args.only, from_=args.from_stage)  # fail fast on a missing upstream
+    from mlm_core.commands import run_command
+    stages.select(stages.plan(lc), only=args.only, from_=args.from_stage,   # fail fast on a missing upstream
+                  command=run_command(lc))
     from flows import ephemeral, guard
     guard.check_workdir(lc.workdir)   # writable, some space free: before Prefect puts its database there
     prepare_env(lc.workdir)
@@ -287,8 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(normalize -> tokenizer -> shards -> pretrain -> evaluate -> audit -> register).")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def with_config(sp, name="config"):
-        sp.add_argument(name, help="pipeline YAML file", **({"required": True} if name.startswith("--") else {}))
+    def with_config(sp, name="config", optional=False):
+        sp.add_argument(name, help="pipeline YAML file" + (" (default: ./mlm.yaml, or the only configs/*.yaml)"
+                                                           if optional else ""),
+                        **({"required": True} if name.startswith("--") else {"nargs": "?"} if optional else {}))
         sp.add_argument("--set", action="append", metavar="KEY.PATH=VALUE",
                         help="override a config value (YAML syntax), repeatable: --set normalize.min_chars=10")
         return sp
@@ -301,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--force", action="store_true", help="recompute even when complete outputs exist")
     r.set_defaults(func=cmd_run)
 
-    s = with_config(sub.add_parser("status", help="show each stage as done / missing / stale / corrupt"))
+    s = with_config(sub.add_parser("status", help="show each stage as done / missing / stale / corrupt"),
+                    optional=True)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_status)
 
@@ -333,8 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("config", help="validate a config or print its JSON Schema")
     csub = c.add_subparsers(dest="config_command", required=True)
-    with_config(csub.add_parser("validate", help="parse and check a config file"), "config").set_defaults(
-        func=cmd_config_validate)
+    cv = with_config(csub.add_parser("validate", help="parse and check a config file (and that its files exist)"))
+    cv.add_argument("--no-paths", action="store_true", help="do not check that the source, evaluation and audit "
+                    "files (and globs) the config names exist")
+    cv.set_defaults(func=cmd_config_validate)
     sc = csub.add_parser("schema", help="print the config JSON Schema")
     sc.add_argument("--write", action="store_true", help="write it to schemas/config.schema.json")
     sc.set_defaults(func=cmd_config_schema)
@@ -349,9 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    import logging
-    logging.basicConfig(level=logging.INFO if os.environ.get("MLM_VERBOSE") else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    from flows import logs
+    logs.configure()        # WARNING (INFO with MLM_VERBOSE=1); HTTP client request logs stay quiet
     from flows import guard
     try:
         code = args.func(args) or 0

@@ -232,8 +232,10 @@ def plan(lc: LoadedConfig, store: StageStore | None = None) -> dict[str, StagePl
     return out
 
 
-def select(plans: dict[str, StagePlan], only: str | None = None, from_: str | None = None) -> list[str]:
-    """Stages to execute for ``--only`` / ``--from`` (all of them by default); checks upstream outputs exist."""
+def select(plans: dict[str, StagePlan], only: str | None = None, from_: str | None = None,
+           command: str = "mlm run CONFIG") -> list[str]:
+    """Stages to execute for ``--only`` / ``--from`` (all of them by default); checks upstream outputs exist.
+    ``command``: the user's own ``mlm run`` command line (``commands.run_command``), for the "run first" hint."""
     for opt, name in (("--only", only), ("--from", from_)):
         if name is not None and name not in STAGES:
             raise PlanError(f"{opt} {name}: unknown stage (stages: {', '.join(STAGES)})")
@@ -244,7 +246,8 @@ def select(plans: dict[str, StagePlan], only: str | None = None, from_: str | No
         for u in STAGES[name].upstream:
             if u not in chosen and plans[u].status != "done":
                 raise PlanError(f"stage {name!r} needs the output of {u!r} (fingerprint {plans[u].fingerprint}), "
-                                f"which is {plans[u].status}: run `mlm run CONFIG --only {u}` (or without --only) first")
+                                f"which is {plans[u].status}: run `{command} --only {u}` "
+                                f"(or `{command}` for every missing stage) first")
     return chosen
 
 

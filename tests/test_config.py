@@ -136,6 +136,12 @@ def test_cli_surface_is_frozen():
                                           "config", "serve", "deploy", "sync"])
     run_opts = {o for a in sub.choices["run"]._actions for o in a.option_strings}
     assert {"--only", "--from", "--force", "--set"} <= run_opts
+    opts = lambda p: {o for a in p._actions for o in a.option_strings}  # noqa: E731
+    validate = next(a for a in sub.choices["config"]._actions if a.dest == "config_command").choices["validate"]
+    assert "--no-paths" in opts(validate)                       # files are checked unless --no-paths
+    assert {"--wait", "--pool", "--schedule", "--api-url", "--write-yaml"} <= opts(sub.choices["deploy"])
+    status_config = next(a for a in sub.choices["status"]._actions if a.dest == "config")
+    assert status_config.nargs == "?"                           # `mlm status` alone finds ./mlm.yaml or configs/*.yaml
 
 
 def test_cli_config_validate_and_errors(tmp_path):

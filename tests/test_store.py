@@ -128,4 +128,4 @@ def test_status_cli_tells_the_truth(tmp_path, cfg_raw):
     text = run("status", str(cfg), "--set", "normalize.min_chars=9").stdout
     assert "normalize    stale" in text
     bad = run("run", str(cfg), "--only", "shards")
-    assert bad.returncode == 2 and "run `mlm run CONFIG --only tokenizer`" in bad.stderr
+    assert bad.returncode == 2 and f"run `mlm run {cfg} --only tokenizer`" in bad.stderr   # the user's own command
