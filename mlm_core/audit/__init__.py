@@ -47,17 +47,24 @@ def run_audit(model_dir: Path, cfg, base_dir: Path, batch: int = 64) -> dict:
     if not pairs and not specs:
         return out
     model, tok, mask = load_model_dir(Path(model_dir))
+    from mlm_core.progress import Progress
+    shown = Progress("audit", len(pairs) + len(specs), unit="items")     # display only
     for lang, ps in pairs.items():
+        shown.update(note=f"CrowS-Pairs {lang} ({len(ps)} pairs)")
         r = audit_crows(model, tok, ps, mask, batch=batch)
+        shown.update(advance=1)
         r["file"] = str(cfg.crows_pairs[lang])
         out["crows"][lang] = r
         log.info("audit: crows %s: metric %.2f (N=%d, neutral %d, with an empty sentence %d, skipped %d)", lang,
                  r["metric_score"] or 0, r["n"], r["neutral"], r["n_empty_sentence"], len(r["skipped"]))
     for lang, spec in specs.items():
+        shown.update(note=f"templates {lang}")
         r = audit_templates(model, tok, spec, mask, batch=batch)
+        shown.update(advance=1)
         r["file"] = str(cfg.templates[lang])
         out["templates"][lang] = r
         log.info("audit: templates %s: delta %s, KL-to-neutral %.4f", lang, r["delta_bias"], r["kl_to_neutral_mean"])
+    shown.close()
     return out
 
 

@@ -184,6 +184,9 @@ def launch(args: dict, dist_cfg, run_dir: Path, *, metrics_cb: Callable[[dict], 
     last, stalled, forwarded = time.monotonic(), False, 0
     stop = signals.graceful()
     stop.__enter__()        # a SIGTERM/SIGINT to us is forwarded to torchrun, which passes it to every rank
+    from mlm_core.progress import RecordFeed
+    total = args.get("stop_after") or args.get("config", {}).get("steps")
+    shown = RecordFeed("pretrain", total)   # live progress from rank 0's records and heartbeats
     try:
         while True:
             if signals.requested() and not forwarded:
@@ -204,17 +207,25 @@ def launch(args: dict, dist_cfg, run_dir: Path, *, metrics_cb: Callable[[dict], 
                 break
             last = time.monotonic()
             if line.startswith(METRICS_PREFIX):
+                rec = json.loads(line[len(METRICS_PREFIX):])
+                shown.record(rec)
                 if metrics_cb is not None:
-                    metrics_cb(json.loads(line[len(METRICS_PREFIX):]))
-            elif not line.startswith(HEARTBEAT_PREFIX):
+                    metrics_cb(rec)
+            elif line.startswith(HEARTBEAT_PREFIX):
+                rank_s, _, step_s = line[len(HEARTBEAT_PREFIX):].partition(" ")
+                if rank_s == "0" and step_s.isdigit():
+                    shown.step(int(step_s))
+            else:
                 tail.append(line)
                 log.info("%s", line)
         rc = proc.wait(timeout=60)
     except BaseException:
+        shown.close(failed=True)
         _kill_group(proc)
         raise
     finally:
         stop.__exit__(None, None, None)
+    shown.close(failed=rc != 0 or stalled)
     if forwarded:
         errors = _rank_errors(err_dir)
         raise signals.Interrupted((errors[0][2].strip().splitlines()[0].removeprefix("Interrupted: ") if errors else

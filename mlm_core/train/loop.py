@@ -21,7 +21,6 @@ import contextlib
 import json
 import logging
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -32,6 +31,7 @@ from torch import nn
 
 from mlm_core.config import PretrainConfig, field_effect, trajectory_view
 from mlm_core.model.electra import ElectraModel  # noqa: F401 - re-exported (mlm_core.train.loop.ElectraModel)
+from mlm_core.progress import Progress, validation_summary
 from mlm_core.train import checkpoint as ckpt
 from mlm_core.train.evaluator import Evaluator, derive
 from mlm_core.train.objectives import objective_for, objective_of
@@ -106,24 +106,6 @@ class Rows:
             ws[sel] = c["word_start"].take(rows[sel]).view(np.bool_)
         return {"input_ids": torch.from_numpy(ids), "segment_ids": torch.from_numpy(seg),
                 "word_start": torch.from_numpy(ws), "seq_ids": torch.from_numpy(self.offsets[li] + rows)}
-
-
-class Progress:
-    """A one-line ``\\r`` progress display on stderr, only when it is a terminal."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.on, self.t0 = total, enabled and sys.stderr.isatty(), time.time()
-
-    def update(self, step: int, loss: float | None) -> None:
-        if self.on:
-            rate = step / max(time.time() - self.t0, 1e-9)
-            sys.stderr.write(f"\rpretrain {step}/{self.total} loss {loss if loss is None else round(loss, 4)} "
-                             f"{rate:.2f} it/s ")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.on:
-            sys.stderr.write("\n")
 
 
 def _append_jsonl(path: Path, rec: dict) -> None:
@@ -203,8 +185,11 @@ def _restore(found, arch: dict, fp: str, rank: int, *, core, opt, sched, gens, s
 def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: int = 0, rank: int = 0,
           world_size: int = 1, local_rank: int = 0, resume: bool = True,
           metrics_cb: Callable[[dict], None] | None = None, stop_after: int | None = None,
-          heartbeat: Callable[[int], None] | None = None) -> dict:
-    """Train ``model`` on ``data`` (a ShardDataset) to ``cfg.steps`` (or ``stop_after``); see the module docstring."""
+          heartbeat: Callable[[int], None] | None = None, show_progress: bool = True) -> dict:
+    """Train ``model`` on ``data`` (a ShardDataset) to ``cfg.steps`` (or ``stop_after``); see the module docstring.
+
+    show_progress: rank 0 shows live progress (``mlm_core.progress``); a torchrun worker passes False (the
+    launcher shows it from the forwarded records)."""
     from mlm_core.masking import Masker
     from mlm_core.train.distributed import all_reduce_sum, wrap_model
     from mlm_core.train.signals import interrupted, should_stop
@@ -259,7 +244,9 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     end = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
     accum = cfg.grad_accum
     step_tokens = cfg.batch_size * T * accum * world_size
-    progress = Progress(end, rank == 0)
+    # display only: nothing of it reaches metrics.jsonl or any other output
+    progress = Progress("pretrain", end, done=step, tokens=tokens, 
+                        enabled=None if show_progress and rank == 0 else False)
     last_eval: dict = {}
     final_loss = None
     win_t0, win_steps = time.perf_counter(), 0
@@ -274,61 +261,66 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
                                     world_size=world_size)
 
     last_ckpt = None
-    while step < end:
-        # 1) draw and mask the whole step's micro-batches first: the global prediction counts normalise the loss
-        micro = feed.draw(step, accum)
-        counts = torch.tensor([sum(x[3] for x in micro), sum(x[4] for x in micro)], dtype=torch.float64)
-        n_glob, m_glob = all_reduce_sum(counts, world_size, device).tolist()
-        # 2) forward/backward
-        lr = sched.get_last_lr()[0]
-        parts = torch.zeros(n_parts, dtype=torch.float64, device=device)   # objective.parts (this rank's share)
-        for i, (ids, seg, labels, n, m_real) in enumerate(micro):
-            sync = contextlib.nullcontext() if i == accum - 1 or not hasattr(model, "no_sync") else model.no_sync()
-            with sync:
-                with autocast(device, cfg.precision):
-                    out = objective.forward(model, ids, seg, labels, cfg.label_smoothing, sample_generator=sample_gen)
-                loss, logged = objective.step_loss(out, n, n_glob, m_real, m_glob, world_size)
-                loss.backward()
-            parts += torch.stack([x.double() for x in logged]) / world_size
-        win_sum, win_n = win_sum + all_reduce_sum(parts, world_size, device), win_n + 1
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm if cfg.clip_norm else float("inf"))
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        step, tokens, win_steps = step + 1, tokens + step_tokens, win_steps + 1
-        if heartbeat is not None:
-            heartbeat(step)
-        # 3) log / eval / checkpoint
-        if step % cfg.log_every == 0 or step == end:
-            mean = (win_sum / max(win_n, 1)).tolist()     # the mean over the interval, not its last step
-            final_loss = mean[0]
-            dt = time.perf_counter() - win_t0
-            tps = win_steps * step_tokens / max(dt, 1e-9)
-            rate, t_data, t_mask = feed.rate, feed.t_data, feed.t_mask
-            fpt = core.flops_per_token(T, rate)
-            gn = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
-            rec = {"type": "train", "step": step, "loss": final_loss, "lr": lr, "masking_rate": rate,
-                   "tokens": tokens, "tokens_per_s": tps, "mfu": fpt * tps / (peak * world_size),
-                   "grad_norm": float(gn), "data_pct": 100 * t_data / max(dt, 1e-9),
-                   "masking_pct": 100 * t_mask / max(dt, 1e-9)}
-            if n_parts > 2:
-                rec |= dict(zip(objective.parts[1:], mean[1:]))
-            if not math.isfinite(final_loss):
-                raise FloatingPointError(f"pretrain: loss is {final_loss} at step {step}")
-            emit(rec)
-            progress.update(step, final_loss)
-            win_t0, win_steps = time.perf_counter(), 0
-            win_sum, win_n = torch.zeros_like(win_sum), 0
-            feed.t_data = feed.t_mask = 0.0
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            last_eval = evaluator(core, device, cfg.precision)
-            emit({"type": "eval", "step": step, **{f"{lg}.val_{k}": v for lg, r in last_eval.items()
-                                                   for k, v in r.items() if k != "n"}})
-        if step % cfg.checkpoint_every == 0 or step == end:
-            last_ckpt = save(step)
-        if step < end and should_stop(world_size, device):  # SIGTERM/SIGINT: checkpoint at this boundary, stop
-            raise interrupted(step, last_ckpt if step % cfg.checkpoint_every == 0 else save(step))
-    progress.close()
+    with progress:                                  # closes the status line, also on an error
+        while step < end:
+            # 1) draw and mask the whole step's micro-batches first: the global prediction counts
+            #    normalise the loss
+            micro = feed.draw(step, accum)
+            counts = torch.tensor([sum(x[3] for x in micro), sum(x[4] for x in micro)], dtype=torch.float64)
+            n_glob, m_glob = all_reduce_sum(counts, world_size, device).tolist()
+            # 2) forward/backward
+            lr = sched.get_last_lr()[0]
+            parts = torch.zeros(n_parts, dtype=torch.float64, device=device)   # objective.parts (this rank's share)
+            for i, (ids, seg, labels, n, m_real) in enumerate(micro):
+                last = i == accum - 1 or not hasattr(model, "no_sync")
+                sync = contextlib.nullcontext() if last else model.no_sync()
+                with sync:
+                    with autocast(device, cfg.precision):
+                        out = objective.forward(model, ids, seg, labels, cfg.label_smoothing,
+                                                sample_generator=sample_gen)
+                    loss, logged = objective.step_loss(out, n, n_glob, m_real, m_glob, world_size)
+                    loss.backward()
+                parts += torch.stack([x.double() for x in logged]) / world_size
+            win_sum, win_n = win_sum + all_reduce_sum(parts, world_size, device), win_n + 1
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                   cfg.clip_norm if cfg.clip_norm else float("inf"))
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step, tokens, win_steps = step + 1, tokens + step_tokens, win_steps + 1
+            if heartbeat is not None:
+                heartbeat(step)
+            # 3) log / eval / checkpoint
+            if step % cfg.log_every == 0 or step == end:
+                mean = (win_sum / max(win_n, 1)).tolist()     # the mean over the interval, not its last step
+                final_loss = mean[0]
+                dt = time.perf_counter() - win_t0
+                tps = win_steps * step_tokens / max(dt, 1e-9)
+                rate, t_data, t_mask = feed.rate, feed.t_data, feed.t_mask
+                fpt = core.flops_per_token(T, rate)
+                gn = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
+                rec = {"type": "train", "step": step, "loss": final_loss, "lr": lr, "masking_rate": rate,
+                       "tokens": tokens, "tokens_per_s": tps, "mfu": fpt * tps / (peak * world_size),
+                       "grad_norm": float(gn), "data_pct": 100 * t_data / max(dt, 1e-9),
+                       "masking_pct": 100 * t_mask / max(dt, 1e-9)}
+                if n_parts > 2:
+                    rec |= dict(zip(objective.parts[1:], mean[1:]))
+                if not math.isfinite(final_loss):
+                    raise FloatingPointError(f"pretrain: loss is {final_loss} at step {step}")
+                emit(rec)
+                win_t0, win_steps = time.perf_counter(), 0
+                win_sum, win_n = torch.zeros_like(win_sum), 0
+                feed.t_data = feed.t_mask = 0.0
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                last_eval = evaluator(core, device, cfg.precision)
+                emit({"type": "eval", "step": step, **{f"{lg}.val_{k}": v for lg, r in last_eval.items()
+                                                       for k, v in r.items() if k != "n"}})
+                progress.validation(*validation_summary(last_eval, step))
+            if step % cfg.checkpoint_every == 0 or step == end:
+                last_ckpt = save(step)
+            progress.update(step, loss=final_loss, tokens=tokens)
+            if step < end and should_stop(world_size, device):  # SIGTERM/SIGINT: checkpoint at this boundary, stop
+                raise interrupted(step, last_ckpt if step % cfg.checkpoint_every == 0 else save(step))
     if last_ckpt is None and found:                 # resumed an already finished run: nothing trained now
         last_ckpt = found[0]
         final_loss = _last_train_loss(metrics_path) if rank == 0 else None

@@ -51,7 +51,8 @@ def run(args: dict) -> dict:
     with signals.graceful():
         result = train(cfg, ds, model, Path(args["out_dir"]), seed=seed, rank=rank, world_size=world,
                        local_rank=local, resume=bool(args.get("resume", True)), stop_after=args.get("stop_after"),
-                       metrics_cb=metrics_cb if args.get("print_metrics") else None, heartbeat=heartbeat)
+                       metrics_cb=metrics_cb if args.get("print_metrics") else None, heartbeat=heartbeat,
+                       show_progress=not args.get("print_metrics"))   # the launcher shows the forwarded records
     if rank == 0 and args.get("result_file"):
         write_json_atomic(Path(args["result_file"]), result)
     return result
