@@ -26,7 +26,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from mlm_core import stages
 from mlm_core.configio import load_config
 from mlm_core.store import StageStore
-from tasks import publish, registry
+from tasks import progress_log, publish, registry
 from tasks.tracking import Tracker
 from tasks.validation import ValidationFailed, validate_stage
 
@@ -78,7 +78,8 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
             hooks["metrics_cb"] = tracker.stream(live)   # a background thread: training never waits on MLflow
     hit = False
     try:
-        art, hit = stages.execute(lc, name, plans, force=force, check=check, store=store, hooks=hooks)
+        with progress_log.to_run_log():     # live progress lines also reach the Prefect run log
+            art, hit = stages.execute(lc, name, plans, force=force, check=check, store=store, hooks=hooks)
         if hit:
             reports["validation"] = revalidate(name, art, plans[name], lc.config.seed)
     except ValidationFailed as exc:

@@ -124,9 +124,12 @@ def evaluate_intrinsic(model, shards, cfg, special_ids: Mapping[str, int], seed:
     was = model.training
     model.eval()
     out: dict[str, dict] = {}
+    from mlm_core.progress import Progress
+    shown = Progress("evaluate intrinsic", len(langs), unit="languages")      # display only
     try:
-        with torch.inference_mode():
-            for lang in langs:
+        with torch.inference_mode(), shown:
+            for i, lang in enumerate(langs):
+                shown.update(i, note=f"scoring {lang}")
                 n_val = shards.rows_per_lang("validation").get(lang, 0)
                 if n_val == 0:
                     out[lang] = {"missing": True, "reason": "no validation rows"}
@@ -139,6 +142,7 @@ def evaluate_intrinsic(model, shards, cfg, special_ids: Mapping[str, int], seed:
                 log.info("intrinsic: %s: top1 %.3f (baseline %s), ppl %.1f, ECE %.3f over %d positions", lang,
                          out[lang]["top1"], out[lang]["baseline_top1"], out[lang]["perplexity"], out[lang]["ece"],
                          out[lang]["n_positions"])
+            shown.update(len(langs), note="")
     finally:
         model.train(was)
     return out

@@ -373,12 +373,20 @@ def run_transfer(model_dir: Path, cfg: EvaluateConfig, base_dir: Path, seed: int
     model = load_discriminator(Path(model_dir)) or model    # ELECTRA: the discriminator is the encoder to transfer
     base_dir = Path(base_dir)
     out: dict = {}
-    if cfg.upos is not None:
-        out["upos"] = run_upos(model, tok, cfg.upos, cfg.finetune, base_dir, seed)
-    if cfg.classification is not None:
-        out["classification"] = run_classification(model, tok, cfg.classification, cfg.finetune, base_dir, seed)
-    if cfg.retrieval:
-        out["retrieval"] = run_retrieval(model, tok, cfg.retrieval, cfg.retrieval_layer, base_dir)
+    from mlm_core.progress import Progress
+    todo = [k for k, on in (("upos", cfg.upos is not None), ("classification", cfg.classification is not None),
+                            ("retrieval", bool(cfg.retrieval))) if on]
+    with Progress("evaluate transfer", len(todo), unit="tasks") as shown:     # display only
+        for i, kind in enumerate(todo):
+            shown.update(i, note=kind)
+            if kind == "upos":
+                out["upos"] = run_upos(model, tok, cfg.upos, cfg.finetune, base_dir, seed)
+            elif kind == "classification":
+                out["classification"] = run_classification(model, tok, cfg.classification, cfg.finetune, base_dir,
+                                                           seed)
+            else:
+                out["retrieval"] = run_retrieval(model, tok, cfg.retrieval, cfg.retrieval_layer, base_dir)
+        shown.update(len(todo), note="")
     for kind in ("upos", "classification"):
         for lang, t in out.get(kind, {}).get("targets", {}).items():
             log.info("%s %s: %.4f (source %.4f, gap %+.4f, majority %.4f)", kind, lang, t["score"], t["source_score"],

@@ -397,6 +397,9 @@ def run_shards(lc, upstream: dict, out_dir: Path) -> dict:
                 yield lang, texts
 
     results = _encode_stream(tasks(), cfg.workers, str(tok_file), tok, ids_dtype)
+    from mlm_core.progress import Progress
+    shown = Progress("shards", sum(len(m) for m in masks.values()), unit="docs", tokens=0)   # display only
+    n_tokens = 0
     packers: dict[tuple[str, str], Packer] = {}
     shards: list[dict] = []
     per_lang: dict[str, dict] = {}
@@ -415,6 +418,9 @@ def run_shards(lc, upstream: dict, out_dir: Path) -> dict:
         log.info("shards: %s: %d train rows, %d validation rows", lang, st["train"].rows, st["validation"].rows)
 
     for lang, enc in results:
+        n_tokens += int(enc.lens.sum())
+        shown.update(advance=len(enc.lens), tokens=n_tokens,
+                     note=f"encoding {lang} (language {langs.index(lang) + 1}/{len(langs)})")
         if lang != current:
             if current is not None:
                 finish(current)
@@ -433,6 +439,7 @@ def run_shards(lc, upstream: dict, out_dir: Path) -> dict:
                 packers[(split, lang)].add(_select(enc, sel))
     if current is not None:
         finish(current)
+    shown.close()
 
     counts = {lang: per_lang[lang]["tokens_train"] for lang in langs if per_lang[lang]["tokens_train"] > 0}
     # no token budget here: expected epochs are computed on display (`mlm stats`) from the current
