@@ -172,6 +172,12 @@ class ShardsConfig(Section):
     validation_fraction: float = Field(
         default=0.05, gt=0, lt=0.5, description="Share of each language's documents held out for validation (by doc hash).",
         json_schema_extra={"effect": "output"})
+    min_validation_tokens: int = Field(
+        default=0, ge=0, description="Minimum content tokens in each language's validation split: a small language's "
+        "split takes further documents in hash order until it holds this many tokens (at most half its documents; "
+        "0 = off). The evaluate stage scores every token of up to evaluate.max_sequences validation rows once, "
+        "so this is also the minimum number of masked positions it scores per language.",
+        json_schema_extra={"effect": "output"})
     token_budget: int = Field(
         default=10_000_000, ge=1, description="Planned training tokens, for the expected-epochs column that "
         "`mlm stats` computes from the stored sampling table (not stored itself).", json_schema_extra={"effect": "none"})
@@ -413,6 +419,11 @@ class GatesConfig(Section):
         json_schema_extra={"effect": "output"})
     min_top1_over_baseline: float | None = Field(
         default=0.0, description="Minimum top-1 margin over the unigram-frequency baseline in every language.",
+        json_schema_extra={"effect": "output"})
+    top1_over_baseline_ci_above: float | None = Field(
+        default=None, ge=-1, lt=1, description="The lower end of the bootstrap 95% interval of (top-1 − unigram "
+        "baseline top-1), at the same masked positions, must be strictly above this value in every language "
+        "(0 = the model beats the baseline beyond sampling noise of the validation documents).",
         json_schema_extra={"effect": "output"})
     max_ece: float | None = Field(default=None, ge=0, le=1, description="Maximum expected calibration error in every language.",
         json_schema_extra={"effect": "output"})

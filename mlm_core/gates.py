@@ -6,7 +6,8 @@ gates), and ``all_passed``.
 
 Evaluation shape read here (missing keys fail the gate that needs them, with a detail saying what is
 missing; nothing is read as zero):
-    {"intrinsic": {lang: {"top1", "baseline_top1", "ece", "rtd_acc"?, "rtd_baseline_acc"?, "rtd_auc"?,
+    {"intrinsic": {lang: {"top1", "baseline_top1", "top1_over_baseline_ci_low", "ece", "rtd_acc"?,
+                          "rtd_baseline_acc"?, "rtd_auc"?,
                           "missing"?: bool | reason}},
      "transfer": {task: {"source_score", "targets": {lang: {"score", "missing"?}}}}}
 Audit shape: {"crows": {lang: {"metric_score"}}}.
@@ -70,6 +71,24 @@ def _margin(rec):
     if t is None or b is None:
         return None, f"{'top1' if t is None else 'baseline_top1'} not reported"
     return t - b, ""
+
+
+def _margin_ci_low(rec):
+    v = _num(rec.get("top1_over_baseline_ci_low"))
+    return v, ("" if v is not None else "no bootstrap interval of top1 - baseline_top1 (top1_over_baseline_ci_low)")
+
+
+def _strictly_above(results: list, threshold: float) -> list:
+    """The interval gate is strict (the lower end must exceed the threshold): re-judge the >= of _check."""
+    out = []
+    for r in results:
+        if r.value is None:
+            out.append(r)
+            continue
+        ok = r.value > threshold
+        detail = r.detail.rsplit(" ", 2)[0] + f" {'>' if ok else '<='} {threshold:g}"
+        out.append(GateResult(r.name, ok, r.value, r.threshold, detail))
+    return out
 
 
 def _rtd_margin(rec):
@@ -140,7 +159,9 @@ def _transfer_gate(evaluation: dict, threshold: float) -> list:
 def evaluate_gates(gates, evaluation: dict, audit: dict) -> list[GateResult]:
     """Every declared gate (``gates``: a ``GatesConfig``; a None threshold is not declared and not listed).
 
-    min_top1, min_top1_over_baseline, max_ece, min_rtd_acc_over_baseline, min_rtd_auc (ELECTRA's
+    min_top1, min_top1_over_baseline, top1_over_baseline_ci_above (strict: the lower end of the bootstrap
+    95% interval of top1 - baseline_top1 must exceed the threshold), max_ece, min_rtd_acc_over_baseline,
+    min_rtd_auc (ELECTRA's
     discriminator): one result per evaluated language; a language marked
     ``missing`` fails with "no held-out data". max_crows_deviation: one per audited language,
     |metric score − 50|. max_transfer_gap: one result, the largest source − target score over tasks and
@@ -153,6 +174,11 @@ def evaluate_gates(gates, evaluation: dict, audit: dict) -> list[GateResult]:
     if gates.min_top1_over_baseline is not None:
         out += _intrinsic_gates(evaluation, "min_top1_over_baseline", gates.min_top1_over_baseline, True,
                                 "top1 - baseline_top1", _margin)
+    if getattr(gates, "top1_over_baseline_ci_above", None) is not None:
+        t = gates.top1_over_baseline_ci_above
+        out += _strictly_above(_intrinsic_gates(evaluation, "top1_over_baseline_ci_above", t, True,
+                                                "lower end of the 95% interval of top1 - baseline_top1",
+                                                _margin_ci_low), t)
     if gates.max_ece is not None:
         out += _intrinsic_gates(evaluation, "max_ece", gates.max_ece, False, "ECE", _ece)
     if getattr(gates, "min_rtd_acc_over_baseline", None) is not None:

@@ -106,3 +106,31 @@ def test_model_card_sections_and_decision():
     # sparse inputs still render
     assert "## Decision" in model_card(name="m", version=None, fingerprints={}, data={}, tokenizer={}, training={},
                                        evaluation={}, audit={}, gates=[], promoted=False)
+
+
+def test_interval_gate_needs_the_lower_end_strictly_above():
+    """top1_over_baseline_ci_above: the lower end of the bootstrap interval of top1 - baseline_top1 must exceed
+    the threshold; a margin whose interval touches it (zh in the issue: 0.1875 vs 0.1875) fails."""
+    ev = {"intrinsic": {"en": {"top1": 0.42, "baseline_top1": 0.10, "top1_over_baseline_ci_low": 0.25},
+                        "fr": {"top1": 0.30, "baseline_top1": 0.12, "top1_over_baseline_ci_low": -0.01},
+                        "zh": {"top1": 0.1875, "baseline_top1": 0.1875, "top1_over_baseline_ci_low": 0.0},
+                        "hi": {"top1": 0.3, "baseline_top1": 0.1},
+                        "ru": {"missing": True}}}
+    gates = GatesConfig(min_top1_over_baseline=None, top1_over_baseline_ci_above=0.0)
+    r = by_name(evaluate_gates(gates, ev, {}))
+    assert r["top1_over_baseline_ci_above/en"].passed and r["top1_over_baseline_ci_above/en"].value == 0.25
+    assert "> 0" in r["top1_over_baseline_ci_above/en"].detail
+    assert not r["top1_over_baseline_ci_above/fr"].passed
+    zh = r["top1_over_baseline_ci_above/zh"]
+    assert not zh.passed and zh.value == 0.0 and "<= 0" in zh.detail      # equality fails: strictly above
+    assert not r["top1_over_baseline_ci_above/hi"].passed and "no bootstrap interval" in r["top1_over_baseline_ci_above/hi"].detail
+    assert r["top1_over_baseline_ci_above/ru"].detail == "no held-out data"
+    # the same zh passes the old point-estimate gate (>= 0): the reason the interval gate exists
+    assert by_name(evaluate_gates(GatesConfig(min_top1_over_baseline=0.0), ev, {}))["min_top1_over_baseline/zh"].passed
+
+
+def test_demo_declares_the_interval_gate():
+    from mlm_core.configio import load_config
+    from conftest import REPO
+    gates = load_config(REPO / "configs" / "demo.yaml").config.registry.gates
+    assert gates.top1_over_baseline_ci_above == 0.0

@@ -227,6 +227,35 @@ def test_at_least_one_validation_doc_is_the_smallest_hash(tmp_path):
         assert row[1:1 + min(len(ids), 31)].tolist() == ids[:31]
 
 
+def test_min_validation_tokens_tops_up_a_small_language_in_hash_order(built, tmp_path):
+    """Documents join validation in md5 order (the fraction's first) until it holds min_validation_tokens
+    content tokens, counted here by encoding the documents independently; at most half the documents."""
+    _, _, tok_art = built["wordpiece"]
+    docs = {"en": make_docs("en", 40), "zh": make_docs("zh", 40)}
+    tok = Tokenizer.from_file(str(tok_art.path / "tokenizer.json"))
+    tok.no_truncation()
+    need = 150
+    out, m, _ = build(tmp_path / "a", "wordpiece", docs=docs, tok_art=tok_art, validation_fraction=0.05,
+                      min_validation_tokens=need)
+    for lang, texts in docs.items():
+        by_hash = sorted(texts, key=lambda t: hashlib.md5(t.encode()).hexdigest())
+        lens = [len(tok.encode(t, add_special_tokens=False).ids) for t in by_hash]
+        k = next(i + 1 for i in range(len(lens)) if sum(lens[:i + 1]) >= need)     # smallest hash-order prefix
+        k = max(k, sum(split_of(t, 0.05) == "validation" for t in texts), 1)
+        assert m["validation_docs"][lang] == m["languages"][lang]["docs_validation"] == k > 1
+        assert m["languages"][lang]["content_tokens_validation"] == sum(lens[:k]) >= need
+        with ShardDataset(out) as ds:     # the rows hold exactly those documents' tokens
+            ids = np.asarray(ds.input_ids("validation", lang))
+            sp = [e["id"] for e in tok_art.manifest["special_tokens"].values()]
+            assert int((~np.isin(ids, sp)).sum()) == sum(lens[:k])
+    # more than half of a language's tokens: capped at half its documents, with a warning
+    _, capped, _ = build(tmp_path / "b", "wordpiece", docs=docs, tok_art=tok_art, min_validation_tokens=10**6)
+    assert capped["validation_docs"] == {"en": 20, "zh": 20}
+    # off (the default): the fraction rule alone
+    _, off, _ = build(tmp_path / "c", "wordpiece", docs=docs, tok_art=tok_art, validation_fraction=0.05)
+    assert off["validation_docs"]["zh"] == max(1, sum(split_of(t, 0.05) == "validation" for t in docs["zh"]))
+
+
 def test_worker_processes_write_the_same_shards(built, tmp_path):
     _, m, tok_art = built["bpe"]
     _, m2, _ = build(tmp_path, "bpe", tok_art=tok_art, workers=3, batch_docs=7)     # 3 worker processes

@@ -146,7 +146,9 @@ def test_upos_transfer_on_ud(model_dir, loaded, shared_data, tmp_path):
     out = run_transfer(model_dir, cfg, shared_data, seed=0)
     assert set(out) == {"upos"}
     rep = out["upos"]
-    assert rep["n_train"] == 200 and rep["n_validation"] == 200 and rep["source_score_on"] == "validation"
+    # no English target: the source score comes from 20% of en_ewt-train held out from fine-tuning and dev
+    assert rep["n_train"] == 200 and rep["n_validation"] == 200 and rep["source_score_on"] == "held-out"
+    assert rep["n_source_test"] > 0 and rep["source_score"] != rep["validation_score"]
     assert 1 <= rep["epochs_run"] <= 2 and len(rep["history"]) == rep["epochs_run"]
     assert rep["majority_label"] == "NOUN" and "PUNCT" in rep["labels"]
     assert rep["source_score"] > 0.3  # a random encoder + 20 steps still learns word -> tag far above chance
@@ -173,8 +175,12 @@ def test_classification_and_retrieval_on_demo(model_dir):
         finetune=FinetuneConfig(lr=3e-3, epochs=2, batch_size=32, max_train_examples=200))
     out = run_transfer(model_dir, cfg, DEMO, seed=1)
     clf = out["classification"]
-    assert clf["n_train"] == 200 and clf["n_validation"] == 25 and len(clf["labels"]) == 6
-    assert clf["source_score_on"] == "test" and clf["source_score"] == clf["targets"]["en"]["score"]
+    # the English target names the training file: the source is scored on 20% of it held out (50 of 252 ids),
+    # the remaining 10% stops early, the rest (177) trains
+    assert clf["n_train"] == 177 and clf["n_validation"] == 25 and len(clf["labels"]) == 6
+    assert clf["source_score_on"] == "held-out" and clf["source_score"] == clf["targets"]["en"]["score"]
+    assert clf["targets"]["en"]["n"] == clf["n_source_test"] == 50
+    assert clf["targets"]["en"]["scored_on"] == "held-out source test split"
     for lang in ("fr", "de"):
         t = clf["targets"][lang]
         assert t["n"] == 252 and 0 <= t["score"] <= 1 and t["unseen_labels"]["count"] == 0
@@ -186,6 +192,25 @@ def test_classification_and_retrieval_on_demo(model_dir):
     for pair in ret["pairs"].values():
         assert pair["n"] == 252 and 0 <= pair["src_to_tgt"] <= 1 and 0 <= pair["tgt_to_src"] <= 1
     assert run_transfer(model_dir, EvaluateConfig(), DEMO, seed=0) == {}
+
+
+def test_source_splits_hold_out_a_test_split_seen_by_neither_fitting_nor_early_stopping():
+    from mlm_core.evaluate.transfer import needs_source_test, source_splits
+    data = [f"s{i}" for i in range(100)]
+    train, val, test = source_splits(data, None, None, seed=3, test_fraction=0.2)
+    assert (len(train), len(val), len(test)) == (70, 10, 20)
+    assert not set(test) & (set(train) | set(val)) and not set(train) & set(val)
+    assert sorted(train + val + test) == sorted(data)
+    assert source_splits(data, None, None, seed=3, test_fraction=0.2) == (train, val, test)     # seeded
+    train, val, test = source_splits(data, ["d1", "d2"], None, seed=3, test_fraction=0.2)
+    assert val == ["d1", "d2"] and len(test) == 20 and not set(test) & set(train)
+    assert source_splits(data, None, None, seed=3)[2] == []
+    with pytest.raises(ConllError, match="too few"):
+        source_splits(["a", "b"], None, None, seed=0, test_fraction=0.2)
+    task = TransferTask(source_lang="en", train="parallel.jsonl", targets={"en": "./parallel.jsonl#lang=en"})
+    assert needs_source_test(task, DEMO)                      # the training file itself: not a test
+    assert needs_source_test(TransferTask(source_lang="en", train="a.tsv", targets={"fr": "b.tsv"}), DEMO)
+    assert not needs_source_test(TransferTask(source_lang="en", train="a.tsv", targets={"en": "t.tsv"}), DEMO)
 
 
 def test_retrieval_helpers(loaded):

@@ -8,11 +8,19 @@ perplexity exp(loss), expected calibration error (Guo et al., 2017: sum_b n_b/N 
 and, at the same positions, the unigram baseline: a fixed ranking of the vocabulary by the language's
 train-split token frequency (ties by id), whose top-1 is the most frequent token.
 
-Masking is deterministic: token strategy, rate 0.15, every selected token replaced by [MASK] (no 80/10/10:
-evaluation asks "what is under the mask?"), static mode keyed by (seed, row index), so a row gets the same
-mask whatever the batch size. Specials (UNK included: predicting UNK says nothing about the language) are
-never targets and are not counted for the baseline. A language with no validation rows (or no masked
-position) is reported as {"missing": True, "reason": ...}, never as zeros.
+Masking scores every token once: each validation row is scored in EVAL_PASSES = 7 complementary passes; a
+position's pass is drawn from a generator keyed by (seed, row index), so each pass masks ~1/7 (~0.15) of the
+row's tokens at random and a row gets the same masks whatever the batch size. Every selected token is
+replaced by [MASK] (no 80/10/10: evaluation asks "what is under the mask?"). So the masked positions of a
+language are all the tokens of its first ``max_sequences`` validation rows (a small language's estimate is
+not limited to 15% of its little held-out text). Specials (UNK included: predicting UNK says nothing about
+the language) are never targets and are not counted for the baseline.
+
+Each language also gets percentile-bootstrap 95% intervals (``bootstrap_ci``: documents resampled with
+replacement, a fixed seed) of top-1 (``top1_ci_low/high``) and of top-1 minus the baseline's top-1 at the
+same positions (``top1_over_baseline`` and ``top1_over_baseline_ci_low/high``), and ``n_documents``.
+A language with no validation rows (or no masked position) is reported as {"missing": True, "reason": ...},
+never as zeros.
 
 ``run_intrinsic`` loads a model folder, the shard set and the normalized documents and returns
 {"intrinsic": ..., "pll": ...}; ``reliability_plot`` draws the reliability diagrams into a PNG.
@@ -31,6 +39,8 @@ from mlm_core.unigram import frequency_ranks, unigram_counts  # noqa: F401 - one
 log = logging.getLogger(__name__)
 
 EVAL_MASK_RATE = 0.15
+EVAL_PASSES = round(1 / EVAL_MASK_RATE)   # 7 complementary masks per row: each masks ~1/7 of its tokens
+BOOTSTRAP_SAMPLES = 2000
 ROWS_PER_BATCH = 32
 TOP_K = 5
 SPECIAL_ROLES = ("pad", "unk", "cls", "sep", "mask")
@@ -66,38 +76,46 @@ def rank_metrics(ranks: np.ndarray) -> dict[str, float]:
     return {"top1": float((r <= 1).mean()), "top5": float((r <= TOP_K).mean()), "mrr": float((1.0 / r).mean())}
 
 
-def _eval_masker(vocab: int, special_ids: Mapping[str, int], seed: int):
-    from mlm_core.config import MaskingConfig
-    from mlm_core.masking import Masker
-    mcfg = MaskingConfig(strategy="token", rate=EVAL_MASK_RATE, mask_token_prob=1.0, random_token_prob=0.0,
-                         mode="static", schedule="constant")
-    return Masker(mcfg, vocab, sorted(int(i) for i in special_ids.values()), int(special_ids["mask"]), seed, 1)
+def pass_assignment(row: int, seq_len: int, seed: int) -> np.ndarray:
+    """Which of the EVAL_PASSES masking passes scores each position of validation row ``row``: keyed by
+    (seed, row) alone, so a row gets the same masks whatever the batch size or row count."""
+    return np.random.default_rng([int(seed), 1117, int(row)]).integers(0, EVAL_PASSES, seq_len)
 
 
-def _score_language(model, shards, lang: str, n_rows: int, masker, dev) -> dict[str, np.ndarray]:
-    """Masked positions of the first ``n_rows`` validation rows: true ids, ranks, losses, confidences, hits."""
+def _score_language(model, shards, lang: str, n_rows: int, special_ids: Mapping[str, int], seed: int,
+                    dev) -> dict[str, np.ndarray]:
+    """Every non-special token of the first ``n_rows`` validation rows, each scored once (see the module
+    docstring): true ids, ranks, losses, confidences, hits, and the document (row, segment) it belongs to."""
     import torch
     import torch.nn.functional as F
-    parts: dict[str, list] = {"target": [], "rank": [], "loss": [], "conf": [], "correct": []}
+    parts: dict[str, list] = {"target": [], "rank": [], "loss": [], "conf": [], "correct": [], "group": []}
+    specials = torch.tensor(sorted(int(i) for i in special_ids.values()))
+    mask_id = int(special_ids["mask"])
     for start in range(0, n_rows, ROWS_PER_BATCH):
         idx = np.arange(start, min(start + ROWS_PER_BATCH, n_rows))
         b = shards.get_batch("validation", lang, idx)
-        m = masker(b["input_ids"], b["word_start"], 0, seq_ids=torch.from_numpy(idx))
-        if not bool(m.selected.any()):
-            continue
-        seg = b["segment_ids"].to(torch.int32)
-        hidden = model.encode(m.input_ids.to(dev), seg.to(dev))
-        logits = model.mlm_logits(hidden, m.selected.to(dev)).float()     # [N, V]
-        y = m.labels[m.selected].to(dev)
-        logp = F.log_softmax(logits, dim=-1)
-        true_logit = logits.gather(1, y[:, None])
-        rank = (logits > true_logit).sum(1) + 1                         # ties counted in the model's favour
-        conf, pred = logp.max(-1)
-        parts["target"].append(y.cpu().numpy())
-        parts["rank"].append(rank.cpu().numpy())
-        parts["loss"].append((-logp.gather(1, y[:, None])[:, 0]).double().cpu().numpy())
-        parts["conf"].append(conf.exp().double().cpu().numpy())
-        parts["correct"].append((pred == y).cpu().numpy())
+        ids, seg = b["input_ids"], b["segment_ids"].to(torch.int32)
+        L = ids.shape[1]
+        target_ok = ~torch.isin(ids, specials)
+        assign = torch.from_numpy(np.stack([pass_assignment(int(r), L, seed) for r in idx]))
+        group = torch.from_numpy(idx[:, None] * (L + 1)) + seg        # a document within a row
+        for p in range(EVAL_PASSES):
+            sel = target_ok & (assign == p)
+            if not bool(sel.any()):
+                continue
+            hidden = model.encode(ids.masked_fill(sel, mask_id).to(dev), seg.to(dev))
+            logits = model.mlm_logits(hidden, sel.to(dev)).float()     # [N, V]
+            y = ids[sel].to(dev)
+            logp = F.log_softmax(logits, dim=-1)
+            true_logit = logits.gather(1, y[:, None])
+            rank = (logits > true_logit).sum(1) + 1                     # ties counted in the model's favour
+            conf, pred = logp.max(-1)
+            parts["target"].append(y.cpu().numpy())
+            parts["rank"].append(rank.cpu().numpy())
+            parts["loss"].append((-logp.gather(1, y[:, None])[:, 0]).double().cpu().numpy())
+            parts["conf"].append(conf.exp().double().cpu().numpy())
+            parts["correct"].append((pred == y).cpu().numpy())
+            parts["group"].append(group[sel].numpy().astype(np.int64))
     return {k: np.concatenate(v) if v else np.zeros(0) for k, v in parts.items()}
 
 
@@ -119,7 +137,6 @@ def evaluate_intrinsic(model, shards, cfg, special_ids: Mapping[str, int], seed:
     counts = counts if counts is not None else unigram_counts(shards, special_ids)
     langs = sorted(set(shards.languages("train")) | set(shards.languages("validation"))
                    | set(shards.manifest.get("languages", {})) | set(shards.manifest.get("dropped_languages", [])))
-    masker = _eval_masker(vocab, special_ids, seed)
     dev = next(model.parameters()).device
     was = model.training
     model.eval()
@@ -134,31 +151,68 @@ def evaluate_intrinsic(model, shards, cfg, special_ids: Mapping[str, int], seed:
                 if n_val == 0:
                     out[lang] = {"missing": True, "reason": "no validation rows"}
                     continue
-                s = _score_language(model, shards, lang, min(n_val, cfg.max_sequences), masker, dev)
+                s = _score_language(model, shards, lang, min(n_val, cfg.max_sequences), special_ids, seed, dev)
                 if len(s["rank"]) == 0:
                     out[lang] = {"missing": True, "reason": "no masked position in the validation rows"}
                     continue
-                out[lang] = _summarize(s, counts.get(lang), cfg.ece_bins)
-                log.info("intrinsic: %s: top1 %.3f (baseline %s), ppl %.1f, ECE %.3f over %d positions", lang,
-                         out[lang]["top1"], out[lang]["baseline_top1"], out[lang]["perplexity"], out[lang]["ece"],
-                         out[lang]["n_positions"])
+                out[lang] = _summarize(s, counts.get(lang), cfg.ece_bins, seed)
+                r = out[lang]
+                log.info("intrinsic: %s: top1 %.3f [%.3f, %.3f] (baseline %s), ppl %.1f, ECE %.3f over %d "
+                         "positions in %d documents", lang, r["top1"], r["top1_ci_low"], r["top1_ci_high"],
+                         r["baseline_top1"], r["perplexity"], r["ece"], r["n_positions"], r["n_documents"])
             shown.update(len(langs), note="")
     finally:
         model.train(was)
     return out
 
 
-def _summarize(s: dict[str, np.ndarray], counts: np.ndarray | None, n_bins: int) -> dict:
+def _summarize(s: dict[str, np.ndarray], counts: np.ndarray | None, n_bins: int, seed: int) -> dict:
     loss = float(s["loss"].mean())
     ece, table = expected_calibration_error(s["conf"], s["correct"], n_bins)
-    r = {"n_positions": int(len(s["rank"])), **rank_metrics(s["rank"]), "loss": loss,
-         "perplexity": math.exp(loss) if loss < 700 else float("inf"), "ece": ece, "reliability": table}
+    _, groups = np.unique(s["group"], return_inverse=True)
+    hit = (s["rank"] <= 1).astype(np.float64)
+    r = {"n_positions": int(len(s["rank"])), "n_documents": int(groups.max()) + 1, **rank_metrics(s["rank"]),
+         "loss": loss, "perplexity": math.exp(loss) if loss < 700 else float("inf"), "ece": ece}
+    lo, hi = bootstrap_ci(groups, hit, seed=seed)
+    r |= {"top1_ci_low": lo, "top1_ci_high": hi}
     if counts is None or counts.sum() == 0:        # no train tokens for this language: no baseline to stand next to
-        r |= {"baseline_top1": None, "baseline_top5": None, "baseline_mrr": None}
+        r |= {"baseline_top1": None, "baseline_top5": None, "baseline_mrr": None,
+              "top1_over_baseline": None, "top1_over_baseline_ci_low": None, "top1_over_baseline_ci_high": None}
     else:
-        b = rank_metrics(frequency_ranks(counts)[s["target"].astype(np.int64)])
-        r |= {"baseline_top1": b["top1"], "baseline_top5": b["top5"], "baseline_mrr": b["mrr"]}
-    return r
+        base_rank = frequency_ranks(counts)[s["target"].astype(np.int64)]
+        b = rank_metrics(base_rank)
+        lo, hi = bootstrap_ci(groups, hit - (base_rank <= 1), seed=seed)
+        r |= {"baseline_top1": b["top1"], "baseline_top5": b["top5"], "baseline_mrr": b["mrr"],
+              "top1_over_baseline": r["top1"] - b["top1"], "top1_over_baseline_ci_low": lo,
+              "top1_over_baseline_ci_high": hi}
+    return r | {"reliability": table}
+
+
+def bootstrap_ci(groups: np.ndarray, values: np.ndarray, seed: int = 0, n_boot: int = BOOTSTRAP_SAMPLES,
+                 level: float = 0.95) -> tuple[float | None, float | None]:
+    """Percentile bootstrap interval of the mean of ``values`` (one per masked position), resampling whole
+    groups (documents) with replacement: positions of one document are not independent draws.
+
+    Each replicate draws G groups uniformly with replacement (G = number of groups) and takes
+    sum(values) / count over the drawn positions; the interval is the (1-level)/2 and (1+level)/2 quantiles
+    (numpy's default linear interpolation) of ``n_boot`` replicates drawn from ``default_rng(seed)`` as
+    ``integers(0, G, size=(n_boot, G))``. Vectorized through per-group sums, in blocks of replicates."""
+    groups = np.asarray(groups, dtype=np.int64)
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) == 0:
+        return None, None
+    _, g = np.unique(groups, return_inverse=True)
+    G = int(g.max()) + 1
+    sums, counts = np.bincount(g, weights=values, minlength=G), np.bincount(g, minlength=G).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, G, size=(n_boot, G))
+    stats = np.empty(n_boot)
+    block = max(1, 4_000_000 // G)                   # bounded temporaries: ~32 MB of float64 per block
+    for i in range(0, n_boot, block):
+        d = draws[i: i + block]
+        stats[i: i + block] = sums[d].sum(1) / counts[d].sum(1)
+    q = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
+    return float(q[0]), float(q[1])
 
 
 # ------------------------------------------------------------------------------------------ plot
@@ -206,12 +260,15 @@ def special_ids_from_manifest(manifest: dict) -> dict[str, int]:
     return {role: int(v["id"] if isinstance(v, dict) else v) for role, v in st.items()}
 
 
-def validation_texts(normalize_dir: Path, langs: list[str], fraction: float | None, limit: int) -> dict[str, list[str]]:
+def validation_texts(normalize_dir: Path, langs: list[str], fraction: float | None, limit: int,
+                     validation_docs: Mapping[str, int] | None = None) -> dict[str, list[str]]:
     """Up to ``limit`` documents per language from the shards' validation split (same rule as the shards stage:
-    int(hash[:8], 16) / 2**32 < fraction); the last documents when there is no fraction or hash column."""
+    int(hash[:8], 16) / 2**32 < fraction, or, where the shards manifest's ``validation_docs`` gives a count,
+    the first that many documents in hash order); the last documents when there is no fraction or hash column."""
     import pyarrow.parquet as pq
 
-    from mlm_core.shards.build import hash_prefix_u32, validation_mask
+    from mlm_core.shards.build import hash_order_ranks, hash_prefix_u32, validation_mask
+    validation_docs = validation_docs or {}
     out: dict[str, list[str]] = {}
     for lang in langs:
         f = Path(normalize_dir) / "docs" / f"{lang}.parquet"
@@ -221,7 +278,11 @@ def validation_texts(normalize_dir: Path, langs: list[str], fraction: float | No
         tbl = pq.read_table(f, columns=cols)
         texts = tbl.column("text").to_pylist()
         if fraction is not None and "hash" in cols and len(texts):
-            mask = validation_mask(hash_prefix_u32(tbl.column("hash").combine_chunks()), fraction)
+            prefix = hash_prefix_u32(tbl.column("hash").combine_chunks())
+            if lang in validation_docs:
+                mask = hash_order_ranks(prefix) < int(validation_docs[lang])
+            else:
+                mask = validation_mask(prefix, fraction)
             out[lang] = [t for t, v in zip(texts, mask) if v][:limit]
         else:
             out[lang] = texts[-limit:] if limit else []
@@ -250,13 +311,14 @@ def run_intrinsic(model_dir: Path, shards_dir: Path, normalize_dir: Path | None,
                 if not r.get("missing") and not intrinsic.get(lang, {}).get("missing"):
                     intrinsic[lang] |= r
         fraction = (ds.manifest.get("config", {}).get("shards", {}) or {}).get("validation_fraction")
+        validation_docs = ds.manifest.get("validation_docs")
         langs = sorted(intrinsic)
         seq_len = ds.seq_len
     if plot_path is not None:
         reliability_plot(intrinsic, plot_path)
     pll: dict = {}
     if normalize_dir is not None and cfg.pll_sentences > 0:
-        texts = validation_texts(Path(normalize_dir), langs, fraction, cfg.pll_sentences)
+        texts = validation_texts(Path(normalize_dir), langs, fraction, cfg.pll_sentences, validation_docs)
         texts = {lang: texts.get(lang, []) for lang in langs}
         # score at most one shard row's worth of content per text: PLL costs one forward pass per token
         pll = evaluate_pll(model, tok, texts, cfg, special_ids=specials, max_tokens=seq_len - 2)
@@ -275,5 +337,5 @@ def load_discriminator(model_dir: Path):
     return disc.eval()
 
 
-__all__ = ["evaluate_intrinsic", "expected_calibration_error", "rank_metrics", "unigram_counts", "frequency_ranks",
+__all__ = ["bootstrap_ci", "evaluate_intrinsic", "expected_calibration_error", "rank_metrics", "unigram_counts", "frequency_ranks",
            "reliability_plot", "run_intrinsic", "special_ids_from_manifest", "validation_texts"]

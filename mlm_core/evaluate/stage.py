@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-INTRINSIC_KEYS = ("n_positions", "top1", "top5", "mrr", "loss", "perplexity", "ece",
-                  "baseline_top1", "baseline_top5", "baseline_mrr",
+INTRINSIC_KEYS = ("n_positions", "n_documents", "top1", "top1_ci_low", "top1_ci_high", "top5", "mrr", "loss",
+                  "perplexity", "ece", "baseline_top1", "baseline_top5", "baseline_mrr",
+                  # top-1 minus the baseline's top-1 at the same positions, with its bootstrap 95% interval
+                  "top1_over_baseline", "top1_over_baseline_ci_low", "top1_over_baseline_ci_high",
                   # ELECTRA only (None otherwise): the discriminator's replaced-token detection
                   "rtd_acc", "rtd_auc", "rtd_baseline_acc")
 
@@ -60,7 +62,8 @@ def transfer_rows(result: dict) -> list[dict]:
 def flat_metrics(result: dict) -> dict[str, float]:
     out = {}
     for row in intrinsic_rows(result):
-        for k in ("top1", "top5", "mrr", "perplexity", "ece", "baseline_top1", "pseudo_perplexity",
+        for k in ("top1", "top1_ci_low", "top1_ci_high", "top5", "mrr", "perplexity", "ece", "baseline_top1",
+                  "top1_over_baseline", "top1_over_baseline_ci_low", "top1_over_baseline_ci_high", "pseudo_perplexity",
                   "rtd_acc", "rtd_auc", "rtd_baseline_acc"):
             if isinstance(row.get(k), (int, float)):
                 out[f"{row['lang']}.{k}"] = float(row[k])

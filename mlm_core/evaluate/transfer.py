@@ -16,9 +16,11 @@ relative to ``base_dir`` (the config file's folder), a seed. Out: ``run_transfer
 - Per target: ``score``, ``source_score``, ``gap`` = score − source_score (negative = loss in transfer),
   ``majority_baseline`` (the most frequent source training label predicted everywhere, scored on
   the target) and ``unseen_labels`` (target gold labels never seen in the source training data: they
-  can only be scored wrong; reported, not an error). ``source_score`` is the source language's test
-  score when ``source_lang`` is also a target, else the score on the source validation split.
-- Validation split: the ``dev`` file, else a seeded 10% of ``train``; both capped at
+  can only be scored wrong; reported, not an error). ``source_score`` comes from held-out data: the
+  source language's target file when ``source_lang`` is also a target on a file other than ``train``
+  (``source_score_on: test``), else a seeded 20% of ``train`` held out from fine-tuning and early
+  stopping (``source_score_on: held-out``; it then also scores a source target that named ``train``).
+- Validation split (early stopping): the ``dev`` file, else a seeded 10% of ``train``; every split capped at
   ``finetune.max_train_examples``, like the training set.
 - Retrieval: mean-pooled (non-pad) states of ``retrieval_layer`` (0 = embeddings, k = after block k,
   -1 = last), cosine nearest neighbour between the first language and each other one, accuracy in
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 MAX_LEN = 256          # subwords per input ([CLS]/[SEP] included), also capped by the model's max_positions
 EVAL_BATCH = 64        # inputs per no-grad forward pass
 VALIDATION_FRACTION = 0.1
+TEST_FRACTION = 0.2    # of the source training data, held out for the source score when no separate file gives it
 
 
 # ---- tokenization ----------------------------------------------------------------------------------
@@ -131,21 +134,40 @@ def max_len_of(model) -> int:
 
 
 # ---- splits and scores -----------------------------------------------------------------------------
-def source_splits(train: list, dev: list | None, cap: int | None, seed: int) -> tuple[list, list]:
-    """(train, validation): the dev list, or a seeded 10% of train; both capped at ``cap`` (seeded)."""
+def source_splits(train: list, dev: list | None, cap: int | None, seed: int,
+                  test_fraction: float = 0.0) -> tuple[list, list, list]:
+    """(train, validation, test): the dev list, or a seeded 10% of train, for early stopping; a seeded
+    ``test_fraction`` of train held out from both for the source score (empty when 0); each capped at ``cap``."""
     rng = random.Random(seed)
     train = list(train)
+    rng.shuffle(train)
+    need = (1 if test_fraction else 0) + (1 if dev is None else 0)
+    if len(train) < need + 1:
+        raise ConllError(f"the source training data has {len(train)} example(s): too few to hold out "
+                         f"{'validation and test' if need == 2 else 'validation' if dev is None else 'a test split'}")
+    n_test = max(1, round(test_fraction * len(train))) if test_fraction else 0
+    test, train = train[:n_test], train[n_test:]
     if dev is None:
-        if len(train) < 2:
-            raise ConllError(f"the source training data has {len(train)} example(s): too few to hold out validation")
-        rng.shuffle(train)
-        n_val = max(1, round(VALIDATION_FRACTION * len(train)))
+        n_val = max(1, round(VALIDATION_FRACTION * (len(train) + n_test)))
         dev, train = train[:n_val], train[n_val:]
     if cap is not None and len(dev) > cap:     # the held-out 10% too (it was 1,254 EWT sentences at a cap of 200)
         dev = rng.sample(dev, cap)
+    if cap is not None and len(test) > cap:
+        test = rng.sample(test, cap)
     if cap is not None and len(train) > cap:
         train = rng.sample(train, cap)
-    return train, list(dev)
+    return train, list(dev), test
+
+
+def needs_source_test(task: TransferTask, base_dir: Path) -> bool:
+    """A held-out source test split is needed unless a target file scores the source language on other data:
+    a source-language target that is the training file itself would score the model on what it was fit on."""
+    path = task.targets.get(task.source_lang)
+    return path is None or _same_file(path, task.train, base_dir)
+
+
+def _same_file(a: str, b: str, base_dir: Path) -> bool:
+    return (Path(base_dir) / a.split("#", 1)[0]).resolve() == (Path(base_dir) / b.split("#", 1)[0]).resolve()
 
 
 def accuracy(pred: list[str | None], gold: list[str]) -> float:
@@ -161,19 +183,24 @@ def target_report(pred: list[str | None], gold: list[str], source_labels: set[st
 
 
 def finish_report(kind: str, task: TransferTask, res, targets: dict[str, dict], labels: list[str], majority: str,
-                  n_train: int, n_val: int, val_gold: list[str]) -> dict:
-    """Add source score and gap to each target; assemble the task's report."""
-    if task.source_lang in targets:
-        src = targets[task.source_lang]
-        source_score, source_on, source_majority = src["score"], "test", src["majority_baseline"]
+                  n_train: int, n_val: int, source_test: dict | None) -> dict:
+    """Add source score and gap to each target; assemble the task's report. The source score is never the
+    early-stopping validation score (the best of several epochs is biased upward) nor a score on training
+    data: it is the source-language target file when that is not the training file, else ``source_test``
+    (a held-out split of the training file, seen neither in fitting nor in early stopping), which then also
+    replaces a source-language target that named the training file."""
+    if source_test is not None:
+        if task.source_lang in targets:
+            targets[task.source_lang] = dict(source_test, scored_on="held-out source test split")
+        src, source_on = source_test, "held-out"
     else:
-        source_score, source_on = round(res.best_score, 5), "validation"
-        source_majority = round(accuracy([majority] * len(val_gold), val_gold), 5)
+        src, source_on = targets[task.source_lang], "test"
+    source_score, source_majority = src["score"], src["majority_baseline"]
     for t in targets.values():
         t["source_score"] = source_score
         t["gap"] = round(t["score"] - source_score, 5)
     return {"task": kind, "metric": "accuracy", "source_lang": task.source_lang, "source_score": source_score,
-            "source_score_on": source_on, "source_majority_baseline": source_majority,
+            "source_score_on": source_on, "n_source_test": src["n"], "source_majority_baseline": source_majority,
             "validation_score": round(res.best_score, 5), "n_train": n_train, "n_validation": n_val,
             "labels": labels, "majority_label": majority, "best_epoch": res.best_epoch,
             "epochs_run": len(res.history), "stopped_early": res.stopped_early, "steps": res.steps,
@@ -225,7 +252,8 @@ def run_upos(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path,
     tok, L, pad = plain_tokenizer(tok), max_len_of(model), model.arch.pad_id
     train = read_tagged(base_dir / task.train, task.source_lang)
     dev = read_tagged(base_dir / task.dev, task.source_lang) if task.dev else None
-    train, val = source_splits(train, dev, ft.max_train_examples, seed)
+    held_out = needs_source_test(task, base_dir)
+    train, val, test = source_splits(train, dev, ft.max_train_examples, seed, TEST_FRACTION if held_out else 0.0)
     counts = Counter(t for s in train for t in s.upos)
     labels = sorted(counts)
     label_id = {t: i for i, t in enumerate(labels)}
@@ -249,7 +277,12 @@ def run_upos(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path,
         if targets[lang]["long_sentences"]:
             log.info("upos %s: %d sentence(s) longer than %d subwords scored in overlapping windows (%d words "
                      "past the limit)", lang, targets[lang]["long_sentences"], L, targets[lang]["words_past_max_len"])
-    return finish_report("upos", task, res, targets, labels, majority, len(train), len(val), val_gold)
+    source_test = None
+    if held_out:
+        gold = [t for s in test for t in s.upos]
+        source_test = target_report(predict_tags(tagger, encode_words(tok, [s.tokens for s in test], L), labels, pad),
+                                    gold, set(labels), majority)
+    return finish_report("upos", task, res, targets, labels, majority, len(train), len(val), source_test)
 
 
 # ---- sentence classification ----------------------------------------------------------------------
@@ -270,7 +303,8 @@ def run_classification(model, tok, task: TransferTask, ft: FinetuneConfig, base_
     tok, L, pad = plain_tokenizer(tok), max_len_of(model), model.arch.pad_id
     train = read_labeled(base_dir / task.train, task.source_lang)
     dev = read_labeled(base_dir / task.dev, task.source_lang) if task.dev else None
-    train, val = source_splits(train, dev, ft.max_train_examples, seed)
+    held_out = needs_source_test(task, base_dir)
+    train, val, test = source_splits(train, dev, ft.max_train_examples, seed, TEST_FRACTION if held_out else 0.0)
     counts = Counter(lab for _, lab in train)
     labels = sorted(counts)
     label_id = {t: i for i, t in enumerate(labels)}
@@ -285,7 +319,11 @@ def run_classification(model, tok, task: TransferTask, ft: FinetuneConfig, base_
         data = read_labeled(base_dir / path, lang)
         pred = predict_classes(clf, encode_texts(tok, [t for t, _ in data], L), labels, pad)
         targets[lang] = target_report(pred, [lab for _, lab in data], set(labels), majority)
-    return finish_report("classification", task, res, targets, labels, majority, len(train), len(val), val_gold)
+    source_test = None
+    if held_out:
+        pred = predict_classes(clf, encode_texts(tok, [t for t, _ in test], L), labels, pad)
+        source_test = target_report(pred, [lab for _, lab in test], set(labels), majority)
+    return finish_report("classification", task, res, targets, labels, majority, len(train), len(val), source_test)
 
 
 # ---- retrieval -------------------------------------------------------------------------------------

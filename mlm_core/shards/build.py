@@ -33,7 +33,11 @@ is the format ``datasets.Dataset.from_file`` reads, so the shards are a Hugging 
 
 Split: a document goes to validation when int(hash[:8], 16) / 2**32 < validation_fraction (its md5 from
 normalize: stable across runs and machines); a language with at least two documents always gets one
-(the smallest hash) when none qualified.
+(the smallest hash) when none qualified. ``min_validation_tokens`` tops a small language up: documents are
+taken in hash order (so the fraction's documents come first and the split stays a hash-order prefix) until
+the validation documents hold that many content tokens, never more than half the language's documents;
+only those candidates are encoded for the count. The manifest's ``validation_docs`` says how many
+documents each language's validation split took (the first that many in hash order).
 
 Parallelism (measured, benchmarks/shards.py, 2 cores): one process whose background thread runs
 ``encode_batch`` on the tokenizer's rayon threads while the main thread flattens and packs the previous
@@ -124,6 +128,48 @@ def validation_mask(prefix: np.ndarray, fraction: float) -> np.ndarray:
     if len(prefix) >= 2 and not mask.any():
         mask[int(np.argmin(prefix))] = True
     return mask
+
+
+def hash_order_ranks(prefix: np.ndarray) -> np.ndarray:
+    """Each document's position in hash order (ties by file order): the validation split is ``rank < k``."""
+    order = np.argsort(prefix, kind="stable")
+    rank = np.empty(len(prefix), dtype=np.int64)
+    rank[order] = np.arange(len(prefix))
+    return rank
+
+
+def top_up_validation(path: Path, prefix: np.ndarray, mask: np.ndarray, min_tokens: int, tok,
+                      batch_docs: int) -> tuple[np.ndarray, int]:
+    """Extend ``mask`` (a hash-order prefix) with the next documents in hash order until the validation
+    documents hold ``min_tokens`` content tokens, capped at half the documents. Returns (mask, tokens);
+    only the documents considered are encoded (their number doubles per round)."""
+    n, k = len(prefix), int(mask.sum())
+    if min_tokens <= 0 or n < 2:
+        return mask, -1
+    rank = hash_order_ranks(prefix)
+    cap = n // 2
+    lens = np.zeros(0, dtype=np.int64)           # content tokens of ranks 0 .. len(lens)-1
+    want = max(k, 1)
+    while True:
+        lo, hi = len(lens), min(max(want, k), n)
+        if hi > lo:
+            got = np.zeros(hi - lo, dtype=np.int64)
+            start = 0
+            for texts in _doc_batches(path, batch_docs):
+                r = rank[start: start + len(texts)]
+                sel = np.flatnonzero((r >= lo) & (r < hi))
+                if len(sel):
+                    encs = tok.encode_batch([texts[int(i)].as_py() for i in sel], add_special_tokens=False)
+                    got[r[sel] - lo] = [len(e) for e in encs]
+                start += len(texts)
+            lens = np.concatenate([lens, got])
+        cum = np.cumsum(lens)
+        reach = int(np.searchsorted(cum, min_tokens)) + 1       # documents needed to hold min_tokens
+        if reach <= len(lens) or len(lens) >= cap:
+            take = min(max(k, reach), max(cap, k))
+            break
+        want = min(2 * len(lens) + 1, cap)
+    return rank < take, int(cum[take - 1]) if take else 0
 
 
 # ------------------------------------------------------------------------------------------ encode
@@ -385,8 +431,16 @@ def run_shards(lc, upstream: dict, out_dir: Path) -> dict:
     if not langs:
         raise StageError("shards: no language has any documents")
 
-    masks = {lang: validation_mask(_split_masks(docs_dir / f"{lang}.parquet"), cfg.validation_fraction)
-             for lang in langs}
+    masks = {}
+    for lang in langs:
+        prefix = _split_masks(docs_dir / f"{lang}.parquet")
+        masks[lang] = validation_mask(prefix, cfg.validation_fraction)
+        if cfg.min_validation_tokens:
+            masks[lang], held = top_up_validation(docs_dir / f"{lang}.parquet", prefix, masks[lang],
+                                                  cfg.min_validation_tokens, tok, cfg.batch_docs)
+            if 0 <= held < cfg.min_validation_tokens:
+                log.warning("shards: language '%s': %d validation tokens (half its %d documents), below "
+                            "shards.min_validation_tokens=%d", lang, held, len(prefix), cfg.min_validation_tokens)
     for lang in langs:
         if not masks[lang].any():
             log.warning("shards: language '%s' has a single document: no validation data for it", lang)
@@ -461,6 +515,7 @@ def run_shards(lc, upstream: dict, out_dir: Path) -> dict:
         "counts": {"rows": sum(s["rows"] for s in shards), "tokens": sum(s["tokens"] for s in shards),
                    "docs": sum(p["docs_train"] + p["docs_validation"] for p in per_lang.values())},
         "dropped_languages": dropped,
+        "validation_docs": {lang: int(masks[lang].sum()) for lang in langs},
     }
 
 

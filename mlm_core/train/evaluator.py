@@ -30,6 +30,7 @@ class Evaluator:
         self.objective = objective
         self.top = unigram_top(ds, sorted(specials.values()), [lg for lg in langs if lg in ds.languages("train")])
         self.batches: dict[str, list] = {}
+        self.distinct: dict[str, dict] = {}
         B = cfg.batch_size
         for i, lang in enumerate(langs):
             n = len(ds.columns("validation", lang)["input_ids"])
@@ -38,11 +39,16 @@ class Evaluator:
             g = torch.Generator().manual_seed(derive(seed, 17, i))
             idx = np.arange(B * cfg.eval_batches) % n
             out = []
+            seen = np.zeros((n, ds.seq_len), dtype=bool)      # distinct (row, position) pairs ever masked
             for k in range(cfg.eval_batches):
                 b = ds.get_batch("validation", lang, idx[k * B:(k + 1) * B])
                 m = masker(b["input_ids"], b["word_start"], 0, generator=g)
                 out.append((m.input_ids, b["segment_ids"].to(torch.int32), m.labels))
+                np.logical_or.at(seen, idx[k * B:(k + 1) * B], (m.labels != -100).numpy())   # rows may repeat
             self.batches[lang] = out
+            # fewer rows than batch_size * eval_batches: rows repeat with fresh masks, so `n` (masked
+            # predictions) overstates how much text was scored; `rows` and `positions` say it
+            self.distinct[lang] = {"rows": int(min(n, len(idx))), "positions": int(seen.sum())}
         self.seed = seed
 
     @torch.no_grad()
@@ -69,7 +75,8 @@ class Evaluator:
                 if "disc_logits" in out:
                     d_logits.append(out["disc_logits"].float().cpu().numpy())
                     d_target.append(out["disc_target"].cpu().numpy())
-            r = {"loss": loss / max(n, 1), "acc": correct / max(n, 1), "baseline_acc": base / max(n, 1), "n": int(n)}
+            r = {"loss": loss / max(n, 1), "acc": correct / max(n, 1), "baseline_acc": base / max(n, 1), "n": int(n),
+                 **self.distinct[lang]}
             if d_logits:
                 s = rtd_summary(np.concatenate(d_logits), np.concatenate(d_target) > 0.5)
                 r |= {"disc_acc": s["rtd_acc"], "disc_baseline_acc": s["rtd_baseline_acc"]}
