@@ -133,6 +133,58 @@ def ensure_work_pool(name: str = POOL) -> bool:
         return True
 
 
+def deployment_status(names: list[str]) -> dict[str, str]:
+    """``{deployment name: status}`` (READY, NOT_READY, DISABLED, or MISSING) as the Prefect UI shows it."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    out = {}
+    with get_client(sync_client=True) as client:
+        for name in names:
+            try:
+                status = client.read_deployment_by_name(name).status
+            except ObjectNotFound:
+                out[name] = "MISSING"
+                continue
+            out[name] = getattr(status, "value", None) or str(status or "NOT_READY")
+    return out
+
+
+def online_workers(pool: str) -> list[str]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return sorted(w.name for w in client.read_workers_for_work_pool(pool)
+                      if str(getattr(w.status, "value", w.status)) == "ONLINE")
+
+
+def wait_until_ready(names: list[str], timeout: float, interval: float = 1.0,
+                     status_fn=deployment_status) -> dict[str, str]:
+    """Poll until every deployment is READY (a worker polled its pool since it was created); returns the
+    ones still not ready after ``timeout`` seconds (empty: all ready).
+
+    Why: Prefect marks a new deployment READY only at a worker's next poll of its pool (every
+    PREFECT_WORKER_QUERY_SECONDS, 10 s by default), so right after ``prefect deploy`` the UI shows
+    "Not Ready" although ``mlm serve``'s worker is running."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        pending = {n: s for n, s in status_fn(names).items() if s != "READY"}
+        if not pending or time.monotonic() >= deadline:
+            return pending
+        time.sleep(interval)
+
+
+def not_ready_message(pending: dict[str, str], pool: str, timeout: float, workers: list[str]) -> str:
+    listed = ", ".join(f"{n} ({s})" for n, s in sorted(pending.items()))
+    why = (f"worker(s) {', '.join(workers)} are online in pool {pool} but have not polled these yet"
+           if workers else f"no worker is polling pool {pool}: start one with `mlm serve`, or "
+                           f"`prefect worker start --pool {pool}`")
+    return (f"error: {len(pending)} deployment(s) not ready after {timeout:.0f}s: {listed}; {why} "
+            f"(`mlm deploy --wait 0` returns without waiting)")
+
+
 def deployment_env(api_url: str | None) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -143,8 +195,10 @@ def deployment_env(api_url: str | None) -> dict[str, str]:
 
 
 def deploy(api_url: str | None = None, pool: str = POOL, schedule: bool = False,
-           timeout: float = 300, quiet: bool = False) -> int:
-    """Create the pool if missing and apply every deployment of the YAML. Returns the exit code."""
+           timeout: float = 300, quiet: bool = False, wait: float = 60) -> int:
+    """Create the pool if missing and apply every deployment of the YAML; then (``wait`` > 0) return only
+    once a worker polls every deployment (all READY), or exit 1 naming those that are not. Returns the
+    exit code."""
     env = deployment_env(api_url)
     if api_url:
         os.environ["PREFECT_API_URL"] = api_url   # for ensure_work_pool in this process
@@ -172,12 +226,23 @@ def deploy(api_url: str | None = None, pool: str = POOL, schedule: bool = False,
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         print(f"error: `prefect deploy --all` failed (exit {proc.returncode})", file=sys.stderr)
         return 1
+    names = [f"{name}/{DEPLOYMENT}" for name, _, _ in flow_specs()]
     if not quiet:
-        names = [f"{name}/{DEPLOYMENT}" for name, _, _ in flow_specs()]
         state = "ACTIVE" if schedule else "inactive (enable with `mlm deploy --schedule`)"
         print(f"deployed {len(names)} deployment(s) to pool {pool}: {', '.join(names)}")
         print(f"schedules ({CRON} {TIMEZONE}): {state}")
-        print(f"start a worker (`mlm serve` does): prefect worker start --pool {pool}")
+    if wait <= 0:
+        if not quiet:
+            print(f"not waiting for a worker (--wait 0); `mlm serve` starts one, or: prefect worker start --pool {pool}")
+        return 0
+    if not quiet:
+        print(f"waiting up to {wait:.0f}s for a worker of pool {pool} to poll every deployment ...", flush=True)
+    pending = wait_until_ready(names, wait)
+    if pending:
+        print(not_ready_message(pending, pool, wait, online_workers(pool)), file=sys.stderr)
+        return 1
+    if not quiet:
+        print(f"ready: a worker polls all {len(names)} deployment(s); runs started now are picked up")
     return 0
 
 
@@ -188,4 +253,4 @@ def cmd_deploy(args) -> int:
         print(f"wrote {PREFECT_FILE}")
         return 0
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    return deploy(api_url=args.api_url, pool=args.pool, schedule=args.schedule)
+    return deploy(api_url=args.api_url, pool=args.pool, schedule=args.schedule, wait=getattr(args, "wait", 60))

@@ -8,13 +8,16 @@ schedules and a UI rerun then recompute only what a config change invalidated.
 """
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Literal, Optional
 
 from prefect import flow, get_run_logger
 from pydantic import Field
 
 from mlm_core import stages
+from mlm_core.commands import run_command
 from mlm_core.configio import load_config
+from tasks import summary
 from tasks.stage import run_stage
 from tasks.tracking import Tracker, check_tracking_server, resolve_tracking_uri
 
@@ -33,7 +36,7 @@ def run_pipeline(config_path: str, overrides: list[str] | None = None, only: str
     if lc.config.tracking.enabled:
         check_tracking_server(resolve_tracking_uri(lc.config.tracking, lc.workdir))
     plans = stages.plan(lc)
-    chosen = stages.select(plans, only=only, from_=from_stage)
+    chosen = stages.select(plans, only=only, from_=from_stage, command=run_command(lc))
     forced = set(chosen) if force or from_stage else set()
     tracker = Tracker(lc.config.tracking, lc.workdir)
     what = f"only {only}" if only else f"from {from_stage}" if from_stage else "all stages"
@@ -41,19 +44,34 @@ def run_pipeline(config_path: str, overrides: list[str] | None = None, only: str
                                                                  "selection": what, "force": force},
                                     tags={"stages": ",".join(chosen)})
     results = []
+    # the parent flow run's summary artifact: the `mlm run` command this run equals, its stages, the model version
+    summarize = functools.partial(summary.publish, f"{lc.config.name} ({what})", chosen, results,
+                                  tracker=tracker, model_name=lc.config.registry.model_name,
+                                  config_line=f"`{run_command(lc, *_selection_args(only, from_stage, force))}`",
+                                  parent_run_id=parent)
+    name = None
     try:
         for name in chosen:
             results.append(run_stage(config_path, overrides, name, force=name in forced, parent_run_id=parent))
-    except BaseException:
+    except Exception:
+        tracker.end_pipeline("FAILED")
+        summarize(failed=name)
+        raise
+    except BaseException:   # interrupted (SIGTERM/SIGINT): close the run, publish nothing, exit fast
         tracker.end_pipeline("FAILED")
         raise
     tracker.end_pipeline("FINISHED")
+    summarize(failed=None)
     try:
         get_run_logger().info("pipeline done: %s", ", ".join(f"{r['stage']}={'cached' if r['cache_hit'] else 'ran'}"
                                                               for r in results))
     except Exception:
         pass
     return results
+
+
+def _selection_args(only: str | None, from_stage: str | None, force: bool) -> list[str]:
+    return (["--only", only] if only else ["--from", from_stage] if from_stage else []) + (["--force"] if force else [])
 
 
 @flow(name="mlm-pipeline", description="Run the whole pipeline, reusing every complete stored output.")

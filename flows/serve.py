@@ -522,6 +522,9 @@ def add_parsers(sub) -> None:
     d.add_argument("--pool", default=POOL, help=f"work pool for every deployment (default {POOL})")
     d.add_argument("--schedule", action="store_true",
                    help="deploy the nightly schedules ACTIVE (default: present but inactive)")
+    d.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
+                   help="return only once a worker polls every deployment (all READY), waiting at most this "
+                        "long (default 60; 0: do not wait); exit 1 naming the ones not ready")
     d.add_argument("--write-yaml", action="store_true",
                    help="regenerate deployments/prefect.yaml from flows/pipeline.py (pipeline + STAGE_FLOWS), "
                         "then exit")

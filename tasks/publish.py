@@ -78,9 +78,23 @@ def _audit_rows(art: Artifact) -> list[dict]:
     return [dict(r) for r in art.manifest.get("crows", [])]
 
 
+def _sig(v, digits: int = 4):
+    """A measured value to ``digits`` significant digits (a tiny value such as 2e-06 stays visible)."""
+    return v if not isinstance(v, float) else float(f"{v:.{digits}g}")
+
+
 def _register_rows(art: Artifact) -> list[dict]:
-    return [{"gate": g["name"], "passed": g["passed"], "value": g["value"], "threshold": g["threshold"],
-             "detail": g["detail"]} for g in art.manifest.get("gates", [])]
+    return [{"gate": g["name"], "threshold": _sig(g["threshold"]), "value": _sig(g["value"]),
+             "pass": g["passed"], "detail": g["detail"]} for g in art.manifest.get("gates", [])]
+
+
+# What each stage's table is, as its heading and its table artifact's description (default: per language).
+TABLE_TITLES = {"register": "Promotion gates (gate, threshold, value, pass): `champion` needs every gate to pass",
+                "audit": "CrowS-Pairs per language"}
+
+
+def table_title(stage: str) -> str:
+    return TABLE_TITLES.get(stage, "Per-language statistics")
 
 
 TABLES: dict[str, Callable[[Artifact], list[dict]]] = {
@@ -198,12 +212,16 @@ def stage_markdown(stage: str, art: Artifact, hit: bool, seconds: float, report,
         lines.append("- validation: passed when this output was written")
     if url:
         lines.append(f"- MLflow run: [{url}]({url})")
+    if "failed_gates" in art.manifest:   # register: the verdict before the table
+        failed = art.manifest["failed_gates"]
+        lines.append(f"- gates: {'all passed' if not failed else 'FAILED: ' + ', '.join(failed)}"
+                     f" ({len(art.manifest.get('gates', []))} checked)")
     counts = art.manifest.get("counts", {})
     if counts:
         lines.append("\n## Totals\n" + _table_md([counts]))
     rows = table_rows(stage, art)
     if rows:
-        lines.append("\n## Per language\n" + _table_md(rows))
+        lines.append(f"\n## {table_title(stage)}\n" + _table_md(rows))
     if report is not None and report.failed_warnings:
         lines.append("\n## Validation\n" + report.summary_markdown())
     return "\n".join(lines)

@@ -116,7 +116,7 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
                              description=f"{name}: {'cache hit' if hit else 'ran'}")
     rows = publish.table_rows(name, art)
     if rows:
-        create_table_artifact(key=f"{name}-stats", table=rows, description=f"{name}: per-language statistics")
+        create_table_artifact(key=f"{name}-stats", table=rows, description=f"{name}: {publish.table_title(name)}")
     logger.info("%s: %s %s in %.1fs -> %s", name, "cached" if hit else "ran", art.fingerprint, seconds, art.path)
     return {"stage": name, "fingerprint": art.fingerprint, "path": str(art.path), "cache_hit": hit,
             "model_version": registered,

@@ -248,6 +248,10 @@ def test_deployments_end_to_end_with_real_servers(tmp_path):
         api, mlflow_url = f"http://127.0.0.1:{pport}/api", f"http://127.0.0.1:{mport}"
         dep = _run_mlm("deploy", "--api-url", api, home=wd / "prefect", timeout=180)
         assert dep.returncode == 0, dep.stdout + dep.stderr
+        with prefect_client_settings(api, wd / "prefect"):   # ready the moment `mlm deploy` returns, not later
+            from flows.deploy import deployment_status, flow_specs
+            ready = deployment_status([f"{name}/default" for name, _, _ in flow_specs()])
+        assert set(ready.values()) == {"READY"}, (ready, dep.stdout)
         params = {"config_path": str(config),
                   "overrides": [f"tracking.uri={mlflow_url}", f"workdir={tmp_path / 'work'}"]}
         client = MlflowClient(tracking_uri=mlflow_url)
