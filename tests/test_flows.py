@@ -68,6 +68,21 @@ def test_pipeline_runs_validates_tracks_and_caches(cfg_file, prefect_harness):
         keys = {a.key for a in c.read_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=["normalize-summary", "normalize-stats"])))}
     assert keys == {"normalize-summary", "normalize-stats"}
+    # the parent flow run's summary: every stage, and the version this run registered as MLflow has it
+    from prefect.client.schemas.sorting import ArtifactSort
+    with get_client(sync_client=True) as c:
+        md, gates_md = (c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[k])),
+                                         sort=ArtifactSort.CREATED_DESC, limit=1)[0].data
+                        for k in ("pipeline-summary", "register-summary"))
+    assert all(f"| {s} | ran | miss |" in md for s in stages.STAGES), md
+    v1 = mlflow.MlflowClient().get_model_version("flowtest-model", "1")
+    aliases = ", ".join(f"`@{a}`" for a in sorted(v1.aliases))
+    assert f"`flowtest-model` version 1; aliases: {aliases}; gates: {v1.tags['gates']}" in md, md
+    # the register stage's table is the promotion gates, headed as such (it said "Per language")
+    assert "## Promotion gates" in gates_md and "Per language" not in gates_md
+    assert "| gate | threshold | value | pass | detail |" in gates_md
+    assert f"| min_top1_over_baseline/en | {GATE} |" in gates_md
+
 
     second = pipeline(config_path=str(cfg_file))
     assert all(r["cache_hit"] for r in second)
