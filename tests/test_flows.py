@@ -83,7 +83,6 @@ def test_pipeline_runs_validates_tracks_and_caches(cfg_file, prefect_harness):
     assert "| gate | threshold | value | pass | detail |" in gates_md
     assert f"| min_top1_over_baseline/en | {GATE} |" in gates_md
 
-
     second = pipeline(config_path=str(cfg_file))
     assert all(r["cache_hit"] for r in second)
     runs = _runs(cfg_file)
