@@ -85,7 +85,7 @@ def markdown(title: str, chosen: list[str], results: list[dict], failed: str | N
     status = f"FAILED at {failed}" if failed else "completed"
     total = sum(r["seconds"] for r in results)
     lines = [f"# {title}: {status}",
-             f"- config: {config_line}",
+             f"- command: {config_line}",
              f"- stages: {len(results)} of {len(chosen)} finished "
              f"({sum(r['cache_hit'] for r in results)} cache hit(s)), {total:.1f} s in stages",
              f"- MLflow pipeline run: {_link(tracker.run_url(parent_run_id), parent_run_id)}",
