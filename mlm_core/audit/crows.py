@@ -143,6 +143,17 @@ def _use_head_at_positions(model) -> bool:
     return callable(getattr(model, "encode", None)) and callable(getattr(model, "mlm_logits", None))
 
 
+def _release_freed_memory() -> None:
+    """Return freed heap pages to the OS (glibc's malloc_trim; a no-op elsewhere). Why: every length group
+    allocates activations of new shapes; glibc keeps the freed ones in a fragmented heap, so on the French
+    file (114k masked copies) the peak RSS still grew by ~600 MB although less than 5 MB was live."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def masked_log_probs(model, jobs: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]],
                      batch: int = 64) -> list[float]:
     """For each job (input_ids with the positions already masked, positions, original ids at those
@@ -204,6 +215,7 @@ def masked_log_probs(model, jobs: list[tuple[tuple[int, ...], tuple[int, ...], t
                     del logits, lp
                     for j, v in zip(owner, vals):       # positions in the job's order, as the reference sums
                         out[j] += v
+                _release_freed_memory()
     finally:
         if was_training and hasattr(model, "train"):
             model.train()
