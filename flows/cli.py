@@ -172,13 +172,15 @@ def cmd_stats(args) -> int:
 
 def _model_folder(args, lc=None):
     """A context manager giving a local folder for MODEL: a folder as is, or a registry URI resolved with the
-    config's tracking settings, else $MLM_TRACKING_URI (none: a clear error, never a new ./.mlm/mlflow.db);
-    a downloaded model's temporary folder is removed on exit."""
+    config's tracking settings, else $MLM_TRACKING_URI, else the demo's existing ./.mlm/mlflow.db (never
+    created: without any of them, a clear error); a downloaded model's temporary folder is removed on exit."""
     prepare_env()
     uri = os.environ.get("MLM_TRACKING_URI")
     if lc is not None:
         from tasks.tracking import resolve_tracking_uri
         uri = resolve_tracking_uri(lc.config.tracking, lc.workdir)
+    if uri is None and Path(".mlm", "mlflow.db").is_file():     # the demo config's workdir, as the README uses it
+        uri = f"sqlite:///{Path('.mlm').resolve()}/mlflow.db"
     from tasks.registry import resolve_model
     return resolve_model(args.model, uri)
 
@@ -335,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     fm.add_argument("text", help="text containing the mask token, e.g. 'The cat [MASK] on the mat.'")
     fm.add_argument("--top-k", type=int, default=5)
     fm.add_argument("--config", help="pipeline YAML whose tracking settings locate the registry (default: "
-                    "$MLM_TRACKING_URI; needed for a models:/ address when that is unset)")
+                    "$MLM_TRACKING_URI, else an existing ./.mlm/mlflow.db)")
     fm.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="config override")
     fm.add_argument("--json", action="store_true")
     fm.set_defaults(func=cmd_fill_mask)
