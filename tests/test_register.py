@@ -118,7 +118,10 @@ def test_version_lookup_with_quotes_in_the_model_name(registry):
         _version_for(tracker, "it's", "x' OR name = 'y")
 
 
-def test_registry_address_without_a_config_creates_nothing_in_the_cwd(tmp_path, monkeypatch, capsys):
+def test_registry_address_without_a_config_creates_nothing_in_the_cwd(tmp_path, monkeypatch, capsys, registry):
+    import json
+    import shutil
+    import sqlite3
     from flows.cli import main
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLM_TRACKING_URI", raising=False)
@@ -131,3 +134,13 @@ def test_registry_address_without_a_config_creates_nothing_in_the_cwd(tmp_path, 
     assert main(["fill-mask", "models:/m@champion", "a [MASK] b"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+    # the demo's registry (workdir .mlm in the current directory), when it exists, is used as is
+    monkeypatch.delenv("MLM_TRACKING_URI")
+    (tmp_path / ".mlm").mkdir()
+    src = registry[0][len("sqlite:///"):]
+    with sqlite3.connect(src) as a, sqlite3.connect(tmp_path / ".mlm" / "mlflow.db") as b:
+        a.backup(b)
+    assert main(["fill-mask", "models:/m@candidate", "a [MASK] b", "--top-k", "2", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)[0]) == 2
+    assert [p.name for p in tmp_path.iterdir()] == [".mlm"] and [p.name for p in (tmp_path / ".mlm").iterdir()] == ["mlflow.db"]
+    shutil.rmtree(tmp_path / ".mlm")
