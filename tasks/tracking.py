@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -39,9 +38,10 @@ from tasks.tracking_backend import (TrackingError, _is_http, _sqlite_path, check
                                     resolve_tracking_uri, server_healthy)
 from tasks.tracking_registry import (get_alias_version, list_registered_models, register_version,  # noqa: F401
                                      set_alias, tag_version)
-from tasks.tracking_stream import MetricsStream, unreachable
+from tasks.tracking_stream import (MetricsStream, _first_line, _undelivered, delivery_report,  # noqa: F401
+                                   reset_delivery_report, unreachable)
 from tasks.tracking_values import (MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, _chunks,  # noqa: F401
-                                   _dataset_input, _key, _numeric_metrics, _system_tags, _tag_values,
+                                   _dataset_input, _numeric_metrics, _system_tags, _tag_values,
                                    flatten_params, history_points)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,30 +65,6 @@ HTTP_ENV_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
 }
-
-# What could not be delivered in this process (the CLI prints it at the end of `mlm run`).
-_report_lock = threading.Lock()
-_REPORT: dict = {"uri": None, "records": 0, "runs": []}
-
-
-def delivery_report() -> dict:
-    """``{"uri", "records", "runs"}``: metric records and stage runs this process could not deliver."""
-    with _report_lock:
-        return {"uri": _REPORT["uri"], "records": _REPORT["records"], "runs": list(_REPORT["runs"])}
-
-
-def reset_delivery_report() -> None:
-    with _report_lock:
-        _REPORT.update(uri=None, records=0, runs=[])
-
-
-def _undelivered(uri: str, records: int = 0, run: str | None = None) -> None:
-    with _report_lock:
-        _REPORT["uri"] = redact(uri)
-        _REPORT["records"] += int(records)
-        if run:
-            _REPORT["runs"].append(run)
-
 
 def _mlflow():
     """Import mlflow lazily, with quiet defaults (the user's own environment wins)."""
@@ -422,10 +398,10 @@ def _active_run_id() -> str | None:
     return run.info.run_id if run is not None else None
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return redact(text[0][:200] if text else type(exc).__name__)
-
-
 def _uri_of(tracker_or_uri: "Tracker | str") -> str:
     return tracker_or_uri.uri if isinstance(tracker_or_uri, Tracker) else str(tracker_or_uri)
+
+
+__all__ = ["Tracker", "TrackingError", "check_tracking_server", "resolve_tracking_uri", "server_healthy",
+           "flatten_params", "history_points", "delivery_report", "reset_delivery_report", "register_version",
+           "set_alias", "get_alias_version", "tag_version", "list_registered_models", "HTTP_ENV_DEFAULTS"]

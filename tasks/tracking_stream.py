@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Callable
 
+from mlm_core.redact import redact
+
 log = logging.getLogger(__name__)
 MAX_BATCH_RECORDS = 100
 
@@ -40,6 +42,30 @@ def unreachable(exc: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
+
+
+# What could not be delivered in this process (the CLI prints it at the end of `mlm run`).
+_report_lock = threading.Lock()
+_REPORT: dict = {"uri": None, "records": 0, "runs": []}
+
+
+def delivery_report() -> dict:
+    """``{"uri", "records", "runs"}``: metric records and stage runs this process could not deliver."""
+    with _report_lock:
+        return {"uri": _REPORT["uri"], "records": _REPORT["records"], "runs": list(_REPORT["runs"])}
+
+
+def reset_delivery_report() -> None:
+    with _report_lock:
+        _REPORT.update(uri=None, records=0, runs=[])
+
+
+def _undelivered(uri: str, records: int = 0, run: str | None = None) -> None:
+    with _report_lock:
+        _REPORT["uri"] = redact(uri)
+        _REPORT["records"] += int(records)
+        if run:
+            _REPORT["runs"].append(run)
 
 
 class MetricsStream:
@@ -149,4 +175,4 @@ def _first_line(exc: BaseException) -> str:
     return redact(text[0][:200] if text else type(exc).__name__)
 
 
-__all__ = ["MetricsStream", "unreachable"]
+__all__ = ["MetricsStream", "unreachable", "delivery_report", "reset_delivery_report"]
