@@ -7,7 +7,8 @@ clock read, drawing only when due), ``validation(text)`` when a validation pass 
 - on a terminal it redraws one status line in place (``\\r``, at most every ``TTY_REDRAW_S``);
 - elsewhere (a log file, CI, a Prefect worker's captured output) it prints a line every ``interval``
   seconds (``$MLM_PROGRESS_INTERVAL``, default 30; the first line after ``min(5, interval)`` s), and
-  a last line at the end; ``MLM_PROGRESS=off`` turns the display off.
+  a last line at the end; ``MLM_PROGRESS=off`` turns the display off. A loop that ends before its first
+  line was due (a small stage) leaves nothing behind, on a terminal or off one.
 
 Rates and ETA are averages since the reporter started (an eval pass slows the average, as it slows the run):
 ``rate = (done - done at start) / elapsed``, ``ETA = (total - done) / rate``.
@@ -201,6 +202,11 @@ class Progress:
         if not self.on:
             return
         text = self.line(final=True) + (" (stopped)" if failed else " (done)")
+        if not failed and self.lines == 0 and self.elapsed() < min(FIRST_LINE_S, self.interval):
+            if self._drawn:                 # a quick loop leaves no trace (no line was due yet)
+                self._write("\r" + " " * self._drawn + "\r")
+                self._drawn = 0
+            return
         if self.tty:
             self._draw(text)
             self._write("\n")

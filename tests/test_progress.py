@@ -204,3 +204,39 @@ def test_progress_lines_reach_the_prefect_run_log(prefect_harness):
     assert any(m.endswith("(done)") for m in msgs)
     with to_run_log() as h:                         # outside a run: console only, nothing attached
         assert h is None
+
+
+def test_torchrun_launcher_shows_progress_from_rank0_records():
+    """Under torchrun the workers print records; the launcher's RecordFeed turns them into progress lines,
+    starting at the first train record (a resumed run's rates count only its own steps)."""
+    from mlm_core.progress import RecordFeed
+    clock, out = Clock(), io.StringIO()
+    feed = RecordFeed("pretrain", 100, stream=out, tty=False, interval=10, clock=clock)
+    feed.step(3)                                    # a heartbeat before any record: nothing to show yet
+    feed.record({"type": "train", "step": 40, "loss": 3.0, "tokens": 40 * 512})
+    clock.t += 10
+    feed.record({"type": "train", "step": 60, "loss": 2.5, "tokens": 60 * 512})   # 2 steps/s, 40 left: 20 s
+    clock.t += 1
+    feed.record({"type": "eval", "step": 60, "en.val_loss": 2.0, "en.val_acc": 0.25, "en.val_baseline_acc": 0.1,
+                 "fr.val_loss": 3.0, "fr.val_acc": 0.35, "fr.val_baseline_acc": 0.1})
+    feed.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("pretrain 60/100 steps (60.0%) | loss 2.5 | 1.02k tok/s 2 steps/s")
+    assert "ETA 20s" in lines[0]
+    assert lines[1] == ("pretrain validation: step 60: mean over 2 languages loss 2.5 acc 0.300 "
+                        "(unigram baseline 0.100); acc by language: en 0.250 fr 0.350")
+    assert lines[2].endswith("| val acc 0.300 loss 2.5 @ 60 (done)")
+
+
+def test_a_loop_done_before_its_first_line_leaves_nothing():
+    clock, out = Clock(), io.StringIO()
+    p = Progress("normalize", 2, unit="partitions", stream=out, tty=False, interval=30, clock=clock)
+    clock.t += 1
+    p.update(2)
+    p.close()
+    assert out.getvalue() == ""
+    p = Progress("normalize", 2, unit="partitions", stream=out, tty=True, interval=30, clock=clock)
+    clock.t += 1
+    p.update(2)
+    p.close()
+    assert out.getvalue().endswith("\r") and not out.getvalue().strip()   # drawn, then blanked
