@@ -150,28 +150,33 @@ def _run_register(lc, upstream, out_dir):
 
 
 # code_version: bump a stage's when its code changes what it writes for the same config and inputs.
+# 2 (issue 9): normalize drops bidi controls, quarantines lone surrogates, weighs the script check;
+# tokenizer stores no thresholds; shards take word starts from ICU word break and drop token_budget;
+# pretrain: SpanBERT span lengths, canonical safetensors, pickle-free checkpoints, paper ELECTRA,
+# interval-mean loss, one unigram baseline; evaluate: transfer windows, held-out source score,
+# intervals, RTD metrics; audit: CrowS-Pairs as the reference; register: model card from the manifests.
 STAGES: dict[str, StageSpec] = {
-    "normalize": StageSpec("normalize", (), code_version="1", reads=("sources", "normalize"), run=_run_normalize,
+    "normalize": StageSpec("normalize", (), code_version="2", reads=("sources", "normalize"), run=_run_normalize,
                            inputs=_normalize_inputs, derived=_normalize_scripts,
                            summary="clean, filter and deduplicate the raw corpus per language"),
-    "tokenizer": StageSpec("tokenizer", ("normalize",), code_version="1", reads=("tokenizer", "seed"),
+    "tokenizer": StageSpec("tokenizer", ("normalize",), code_version="2", reads=("tokenizer", "seed"),
                            run=_run_tokenizer, derived=lambda lc: {"alpha": lc.config.tokenizer_alpha},
                            summary="train a tokenizer on a language-balanced sample"),
-    "shards": StageSpec("shards", ("normalize", "tokenizer"), code_version="1", reads=("shards",), run=_run_shards,
+    "shards": StageSpec("shards", ("normalize", "tokenizer"), code_version="2", reads=("shards",), run=_run_shards,
                         derived=lambda lc: {"languages": lc.config.languages},
                         summary="encode, pack and write Arrow shards with the language sampling table"),
-    "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), code_version="1",
+    "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), code_version="2",
                           reads=("pretrain", "seed"), run=_run_pretrain,
                           summary="train the encoder (MLM or ELECTRA), checkpoint, export"),
-    "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), code_version="1",
+    "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), code_version="2",
                           reads=("evaluate", "seed"), run=_run_evaluate, inputs=_evaluate_inputs,
                           summary="per-language metrics and zero-shot transfer"),
-    "audit": StageSpec("audit", ("pretrain",), code_version="1", reads=("audit",), run=_run_audit,
+    "audit": StageSpec("audit", ("pretrain",), code_version="2", reads=("audit",), run=_run_audit,
                        inputs=_audit_inputs, summary="CrowS-Pairs and template bias audits"),
     # registry.gates are declared "output" of this stage, not thresholds: the stage's output *is* the gate
     # decision (gates.json, the model card), promotion follows it, and the stage is cheap and last, so
     # recomputing it is how a gate change is re-evaluated.
-    "register": StageSpec("register", ("pretrain", "evaluate", "audit"), code_version="1", reads=("registry",),
+    "register": StageSpec("register", ("pretrain", "evaluate", "audit"), code_version="2", reads=("registry",),
                           run=_run_register, summary="promotion gates and the model card"),
 }
 
