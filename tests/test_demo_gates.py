@@ -1,24 +1,31 @@
-"""The demo's claims, checked on the demo itself: configs/demo.yaml with its own gates, shortened only in
-pretraining steps and transfer epochs, run stage by stage in-process (no Prefect: ~1 min on 2 cores).
+"""The demo's claims, checked on the demo itself: configs/demo.yaml, its corpus and its own gates, run stage by
+stage in-process (no Prefect).
 
-- Every language has >= 500 masked positions in the evaluate stage and >= 500 distinct masked positions in
-  the pretrain validation (zh's 5% hash split alone held ~150 tokens: one packed row, 16 positions).
-- The model the pipeline would promote passes every demo gate, the bootstrap-interval gate included
-  (the lower end of the 95% interval of top-1 - baseline top-1 above 0 in all seven languages).
-- Transfer's source score comes from held-out data, not the training file.
+In CI the pretraining is cut to 20 steps (the demo's 1,200 take ~2.5 min on 2 cores, and zh needs most of them
+to beat its unigram baseline, whose top-1 is ~0.29), which checks:
+- every language has >= 500 masked positions in the evaluate stage and >= 500 distinct masked positions in the
+  pretrain validation (zh's 5% hash split alone held ~150 tokens: one packed row, 16 positions);
+- the demo's gates include the bootstrap-interval gate in all seven languages, each judged on the evaluate
+  stage's interval, and a barely trained demo model fails it (is not promoted);
+- transfer's source score comes from held-out data, not the training file.
+``MLM_FULL_DEMO_TEST=1`` runs the demo unshortened and also requires every demo gate to pass, as `make demo`
+does before it promotes the model to `champion`.
 """
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from conftest import REPO
 
-# 1,200 steps in the demo; at 500 the margins are already clear (README: the full run's figures)
-SHORT = ["pretrain.steps=500", "pretrain.eval_every=500", "pretrain.checkpoint_every=500",
-         "evaluate.pll_sentences=0", "evaluate.finetune.epochs=1"]
+FULL = os.environ.get("MLM_FULL_DEMO_TEST") == "1"
+SHORT = [] if FULL else ["pretrain.steps=20", "pretrain.warmup_steps=5", "pretrain.eval_every=20",
+                         "pretrain.checkpoint_every=20", "evaluate.pll_sentences=0", "evaluate.finetune.epochs=1"]
 MIN_POSITIONS = 500
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -29,34 +36,37 @@ def demo_run(tmp_path_factory):
     lc = load_config(REPO / "configs" / "demo.yaml", [f"workdir={work}", *SHORT])
     plans = stages.plan(lc)
     arts = {name: stages.execute(lc, name, plans)[0] for name in stages.STAGES}
-    return lc, arts
+    evaluation = json.loads((arts["evaluate"].path / "evaluation.json").read_text())
+    return lc, arts, evaluation
 
 
 def test_every_language_has_enough_validation_positions(demo_run):
-    lc, arts = demo_run
-    langs = lc.config.languages
-    evaluation = json.loads((arts["evaluate"].path / "evaluation.json").read_text())
+    lc, arts, evaluation = demo_run
     pretrain_eval = json.loads((arts["pretrain"].path / "eval.json").read_text())["eval"]
-    for lang in langs:
+    assert sorted(evaluation["intrinsic"]) == sorted(lc.config.languages) == sorted(pretrain_eval)
+    for lang in lc.config.languages:
         assert evaluation["intrinsic"][lang]["n_positions"] >= MIN_POSITIONS, lang
         assert pretrain_eval[lang]["positions"] >= MIN_POSITIONS, lang
         assert arts["shards"].manifest["languages"][lang]["content_tokens_validation"] \
             >= lc.config.shards.min_validation_tokens
 
 
-def test_the_demo_model_passes_the_demo_gates(demo_run):
-    lc, arts = demo_run
+def test_the_demo_gates_judge_the_interval(demo_run):
+    lc, arts, evaluation = demo_run
     gates = {g["name"]: g for g in arts["register"].manifest["gates"]}
-    interval = [f"top1_over_baseline_ci_above/{lang}" for lang in lc.config.languages]
-    assert set(interval) <= set(gates)
-    assert [n for n, g in gates.items() if not g["passed"]] == []
-    assert arts["register"].manifest["passed"] is True
-    for name in interval:
-        assert gates[name]["value"] > 0
+    for lang in lc.config.languages:
+        g = gates[f"top1_over_baseline_ci_above/{lang}"]
+        low = evaluation["intrinsic"][lang]["top1_over_baseline_ci_low"]
+        assert g["value"] == pytest.approx(low, abs=1e-6) and g["passed"] is (low > 0)
+    if FULL:     # the demo model: promoted only when every gate passes
+        assert [n for n, g in gates.items() if not g["passed"]] == [] and arts["register"].manifest["passed"]
+    else:        # 20 steps: near the unigram baseline, not beyond the noise: not promoted
+        assert not arts["register"].manifest["passed"]
+        assert any(n.startswith("top1_over_baseline_ci_above/") for n in arts["register"].manifest["failed_gates"])
 
 
 def test_transfer_source_score_is_held_out(demo_run):
-    _, arts = demo_run
-    tr = json.loads((arts["evaluate"].path / "evaluation.json").read_text())["transfer"]
+    _, _, evaluation = demo_run
     for task in ("upos", "classification"):
-        assert tr[task]["source_score_on"] == "held-out" and tr[task]["n_source_test"] > 0
+        rep = evaluation["transfer"][task]
+        assert rep["source_score_on"] == "held-out" and rep["n_source_test"] > 0
