@@ -45,8 +45,13 @@ def load_model_dir(folder: Path):
 
 
 def fill_mask(folder: Path, text: str, top_k: int = 5) -> list[list[dict]]:
+    return fill_mask_loaded(load_model_dir(folder), text, top_k)
+
+
+def fill_mask_loaded(loaded: tuple, text: str, top_k: int = 5) -> list[list[dict]]:
+    """``fill_mask`` with a model already loaded by ``load_model_dir`` (a served model loads once)."""
     import torch
-    model, tok, mask = load_model_dir(folder)
+    model, tok, mask = loaded
     mask_id = tok.token_to_id(mask)
     enc = tok.encode(text)
     ids = torch.tensor([enc.ids], dtype=torch.long)

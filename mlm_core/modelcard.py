@@ -156,13 +156,43 @@ def _gates_section(gates: list, promoted: bool) -> list[str]:
     return out + [""]
 
 
+def summary(training: dict, evaluation: dict | None = None, gates: list | None = None,
+            promoted: bool | None = None) -> str:
+    """The card's first paragraph (also the registered version's description): architecture and objective,
+    languages, steps and tokens, then, once known, the held-out top-1 against the unigram baseline and the
+    promotion decision. ``evaluation`` None: not evaluated yet (at registration, before the evaluate stage)."""
+    tr = training or {}
+    arch = _get(tr, "arch") or {}
+    shape = ", ".join(f"{arch[k]} {w}" for k, w in (("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"))
+                      if k in arch)
+    langs = sorted(_get(tr, "eval") or {}) or sorted(_get(tr, "languages") or {})
+    out = [f"Multilingual masked language model ({_fmt(_get(tr, 'objective'))}"
+           + (f"; {shape}" if shape else "") + f") pretrained by mlm-pipeline on {', '.join(langs) or DASH}: "
+           f"{_fmt(_get(tr, 'steps'))} steps, {_fmt(_get(tr, 'tokens'))} tokens, final training loss "
+           f"{_fmt(_get(tr, 'final_loss'))}."]
+    if evaluation is None:
+        out.append("Not evaluated yet.")
+    else:
+        intr = {k: v for k, v in (_get(evaluation, "intrinsic") or {}).items() if isinstance(v, dict) and not v.get("missing")}
+        beats = [k for k, v in intr.items() if isinstance(v.get("top1"), (int, float))
+                 and isinstance(v.get("baseline_top1"), (int, float)) and v["top1"] > v["baseline_top1"]]
+        top1 = [v["top1"] for v in intr.values() if isinstance(v.get("top1"), (int, float))]
+        out.append(f"Held-out masked-token top-1 {_fmt(min(top1)) if top1 else DASH}–{_fmt(max(top1)) if top1 else DASH} "
+                   f"across languages; above the unigram baseline in {len(beats)}/{len(intr)}.")
+    if gates is not None:
+        failed = [g.name for g in gates if not g.passed]
+        out.append("Every promotion gate passed: champion." if promoted else
+                   f"Not promoted (failed: {', '.join(failed) or 'none'}).")
+    return " ".join(out)
+
+
 def model_card(*, name: str, version, fingerprints: dict, data: dict, tokenizer: dict, training: dict,
                evaluation: dict, audit: dict, gates: list, promoted: bool) -> str:
     """The markdown model card (sections: details, training data, tokenizer, training, evaluation,
     zero-shot transfer, bias audit with its limits, promotion gates, decision)."""
     fp_rows = [[stage, f"`{fp}`"] for stage, fp in sorted((fingerprints or {}).items())]
     lines = [f"# Model card: {name} (version {_fmt(version)})", "",
-             "A multilingual masked language model (BERT-style encoder) pretrained by mlm-pipeline.", "",
+             summary(training, evaluation or {}, list(gates or []), promoted), "",
              "## Details", "", "Intended use: research and fill-mask experiments, and as a starting point for "
              "fine-tuning; not evaluated for any deployment. Provenance (content-addressed stage outputs):", ""]
     lines += _table(["stage", "fingerprint"], fp_rows) + [""]
@@ -175,4 +205,4 @@ def model_card(*, name: str, version, fingerprints: dict, data: dict, tokenizer:
     return "\n".join(lines)
 
 
-__all__ = ["model_card"]
+__all__ = ["model_card", "summary"]

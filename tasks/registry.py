@@ -1,9 +1,11 @@
-"""Model registry side of the pretrain stage, and resolving ``models:/name@alias`` URIs.
+"""Model registry side of the pipeline, and resolving ``models:/name@alias`` URIs.
 
-A trained model is logged to its stage's MLflow run as plain files (safetensors + json + tokenizer:
-the Hugging Face export when the architecture has one, else our own weights folder) and registered
-as a new version of ``registry.model_name`` with alias ``candidate`` and tags for the data,
-tokenizer and config fingerprints. Never a pickle. Promotion to ``champion`` belongs to the gates.
+After pretrain, the trained model is logged to its stage's MLflow run as an MLflow model (``python_function``
+flavor, fill-mask; see ``tasks.mlflow_model``: safetensors + json + tokenizer + the code, never a pickle) and
+registered as a new version of ``registry.model_name``, tagged with the data, tokenizer and config fingerprints
+and ``evaluation=pending``, described by the model card's summary; it gets no alias yet. After evaluate, the
+version is tagged ``evaluation=passed`` (alias ``candidate``: the latest version that passed) or
+``evaluation=failed`` with the reasons (no alias). After register, the gates decide ``champion``.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ class RegistryError(MlmError):
 
 
 def model_files(art: Artifact) -> tuple[list[Path], str, str]:
-    """(paths to log, artifact_dir, artifact path to register) for a pretrain output."""
+    """(paths to log, artifact_dir, artifact path to register) for a pretrain output, as plain files: the
+    layout of versions registered before the pyfunc model (``resolve_model`` still reads them)."""
     if (art.path / "hf").is_dir():
         return [art.path / "hf"], "model", "model/hf"
     files = [art.path / n for n in ("model.safetensors", "tokenizer.json", "model_config.json")
@@ -37,8 +40,9 @@ def model_files(art: Artifact) -> tuple[list[Path], str, str]:
 
 
 def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) -> int | None:
-    """Log the model files to ``run_id`` and register them; returns the new version (None if tracking is off).
-    A model already registered for this fingerprint is not registered twice (a cached rerun)."""
+    """Log the model to ``run_id`` as an MLflow model and register it; returns the new version (None if tracking
+    is off). A model already registered for this fingerprint is not registered twice (a cached rerun). No
+    alias: ``candidate`` waits for the evaluate stage (``after_evaluate``)."""
     if not tracker.enabled or run_id is None:
         return None
     history = art.path / "metrics.jsonl"
@@ -51,22 +55,68 @@ def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | 
     existing = _version_for(tracker, name, art.fingerprint)
     if existing is not None:
         return existing
-    paths, artifact_dir, register_path = model_files(art)
-    client = tracker.client
-    for p in paths:
-        if p.is_dir():
-            client.log_artifacts(run_id, str(p), f"{artifact_dir}/{p.name}")
-        else:
-            client.log_artifact(run_id, str(p), artifact_dir)
+    from mlm_core.modelcard import summary
+    from tasks.mlflow_model import log_and_register
     up = art.manifest.get("upstream", {})
     tags = {"pretrain_fingerprint": art.fingerprint, "shards_fingerprint": up.get("shards", ""),
             "tokenizer_fingerprint": up.get("tokenizer", ""), "data_fingerprint": up.get("normalize", ""),
             "config_fingerprint": art.fingerprint,
-            "export": art.manifest.get("export") or "none", "format": "safetensors"}
-    version = tracking.register_version(tracker, name, run_id, register_path, tags=tags,
-                                        description=f"pretrain output {art.fingerprint}")
-    tracking.set_alias(tracker, name, "candidate", version)
-    log.info("registered %s version %s (alias candidate)", name, version)
+            "export": art.manifest.get("export") or "none", "format": "safetensors", "flavor": "python_function",
+            "evaluation": "pending"}
+    version = log_and_register(art.path, run_id, name, tags, summary(art.manifest))
+    log.info("registered %s version %s (no alias until it passes evaluation)", name, version)
+    return version
+
+
+def evaluation_verdict(evaluation: dict) -> list[str]:
+    """Why a model fails evaluation ([] = it passes): a language evaluated on held-out data where masked-token
+    top-1 is not above the unigram baseline (predicting the most frequent tokens does as well), or no language
+    evaluated at all. The contract's critical checks are applied before: an output failing them never exists."""
+    intr = {k: v for k, v in (evaluation.get("intrinsic") or {}).items() if isinstance(v, dict) and not v.get("missing")}
+    if not intr:
+        return ["no language evaluated"]
+    return [f"{lang}: top-1 {v.get('top1')} <= unigram baseline {v.get('baseline_top1')}"
+            for lang, v in sorted(intr.items())
+            if not (isinstance(v.get("top1"), (int, float)) and isinstance(v.get("baseline_top1"), (int, float))
+                    and v["top1"] > v["baseline_top1"])]
+
+
+def after_evaluate(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) -> int | None:
+    """Tag the evaluated version ``evaluation=passed`` and move ``candidate`` to it (unless a newer version
+    holds it), or ``evaluation=failed`` with the reasons and no alias."""
+    import json
+    pre_fp = (art.manifest.get("upstream") or {}).get("pretrain")
+    p = art.path / "evaluation.json"
+    reasons = evaluation_verdict(json.loads(p.read_text(encoding="utf-8")) if p.exists() else {})
+    return _set_evaluation(tracker, lc, pre_fp, reasons)
+
+
+def evaluation_failed(tracker: tracking.Tracker, lc, pretrain_fingerprint: str, report) -> int | None:
+    """The evaluate output failed its contract's critical checks: tag the version failed, no alias."""
+    reasons = [f"[{r['table']}] {r['type']} {r['kwargs'].get('column', '')}".strip() for r in report.failed_critical]
+    return _set_evaluation(tracker, lc, pretrain_fingerprint, reasons or ["evaluate contract failed"])
+
+
+def _set_evaluation(tracker: tracking.Tracker, lc, pretrain_fingerprint: str | None, reasons: list[str]) -> int | None:
+    if not tracker.enabled or tracker.offline or not pretrain_fingerprint:
+        return None
+    from tasks import aliases
+    name = lc.config.registry.model_name
+    version = _version_for(tracker, name, pretrain_fingerprint)
+    if version is None:
+        log.info("evaluate: no version of %s is registered for pretrain output %s (pretrained without tracking); "
+                 "nothing to tag", name, pretrain_fingerprint)
+        return None
+    client = tracker.client
+    passed = not reasons
+    tracking.tag_version(tracker, name, version, {"evaluation": "passed" if passed else "failed",
+                                                  "evaluation_failed": "; ".join(reasons)[:4000] or "none"})
+    current = aliases.holder(client, name, "candidate")
+    if passed and (current is None or current <= version):
+        aliases.move(client, name, "candidate", version, "pipeline", "passed evaluation")
+    elif not passed and current == version:     # re-evaluated under stricter thresholds: it no longer qualifies
+        aliases.remove(client, name, "candidate", "failed evaluation")
+    log.info("%s version %s: evaluation %s%s", name, version, "passed" if passed else "failed: ", "; ".join(reasons))
     return version
 
 
@@ -140,15 +190,18 @@ def resolve_model(ref: str, tracking_uri: str | None) -> Iterator[Path]:
         raise RegistryError(f"{ref}: not found in the registry at {redact(tracking_uri)} "
                             f"({redact(exc.message.splitlines()[0])}); "
                             f"registered models: {', '.join(known) or 'none'}") from None
+    from tasks.mlflow_model import model_dir_in
     with tempfile.TemporaryDirectory(prefix="mlm-model-") as dest:
         # tracking_uri/registry_uri passed explicitly: no process-wide mlflow.set_tracking_uri side effect
-        yield Path(mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=dest,
-                                                       tracking_uri=tracking_uri, registry_uri=tracking_uri))
+        got = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=dest,
+                                                  tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        yield model_dir_in(Path(got))     # an MLflow model: its hf/ (or weights/) artifact; old versions: as is
 
 
 def promote(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) -> int | None:
     """After the register stage: tag the model version with its gate results, move alias ``champion`` to it
-    only when every declared gate passed (else it keeps ``candidate``), and log its model card."""
+    only when every declared gate passed, log its model card (on the register run and the version's run) and
+    make the card's summary the version's description."""
     if not tracker.enabled or run_id is None:
         return None
     from mlm_core.gates import GateResult
@@ -165,7 +218,8 @@ def promote(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) ->
     tags |= {"gates": "passed" if passed else "failed", "failed_gates": ",".join(failed) or "none"}
     tracking.tag_version(tracker, name, version, tags)
     if passed:
-        tracking.set_alias(tracker, name, "champion", version)
+        from tasks import aliases
+        aliases.move(tracker.client, name, "champion", version, "pipeline", "passed every promotion gate")
     store = StageStore(lc.workdir)
     upstream = {s: store.load(s, fp) for s, fp in art.manifest["upstream"].items()}
     gates = [GateResult(**g) for g in art.manifest["gates"]]
@@ -173,6 +227,10 @@ def promote(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) ->
     tracker.log_text(run_id, text, "model_card.md")
     source_run = tracker.client.get_model_version(name, str(version)).run_id
     tracker.log_text(source_run, text, f"model_card/v{version}.md")
+    # the version's description: the card's first paragraph (after the title), now with evaluation and gates
+    para = next((b.strip() for b in text.split("\n\n")[1:] if b.strip() and not b.startswith("#")), "")
+    if para:
+        tracker.client.update_model_version(name, str(version), description=para)
     log.info("%s version %s: gates %s%s", name, version, "passed -> champion" if passed else "failed: ",
              "" if passed else ", ".join(failed))
     return version

@@ -33,7 +33,8 @@ from tasks.validation import ValidationFailed, validate_stage
 log = logging.getLogger(__name__)
 
 # Stage-specific steps after the stage's MLflow run is logged (e.g. registering the trained model).
-POST_LOG = {"pretrain": registry.register_pretrained, "register": registry.promote}
+POST_LOG = {"pretrain": registry.register_pretrained, "evaluate": registry.after_evaluate,
+            "register": registry.promote}
 # Stages whose function takes a ``metrics_cb``: their MLflow run opens first and receives the metrics live.
 STREAMS_METRICS = {"pretrain"}
 
@@ -73,7 +74,7 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
     live = None
     hooks = {}
     if name in STREAMS_METRICS and (force or plans[name].status != "done"):
-        live = tracker.start_stage(name, plans[name].fingerprint)   # training curves appear while it trains
+        live = tracker.start_stage(name, plans[name].fingerprint, started=t0)   # curves appear while it trains
         if live is not None:
             hooks["metrics_cb"] = tracker.stream(live)   # a background thread: training never waits on MLflow
     hit = False
@@ -86,14 +87,21 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
         run_id = tracker.log_stage(name, fingerprint=plans[name].fingerprint, cache_hit=hit,
                                    params=plans[name].params(), metrics={},
                                    dicts={"validation/result.json": exc.report.to_json()},
-                                   tags={"validation": "failed"}, status="FAILED", run_id=live)
-        tracker.log_text(run_id, exc.report.summary_markdown(), "validation/summary.md")
+                                   tags={"validation": "failed"}, status="FAILED", run_id=live,
+                                   started=t0, ended=time.time())
+        tracker.log_validation(run_id, exc.report)     # summary.md + GE Data Docs HTML
+        if name == "evaluate":     # the model version is tagged evaluation=failed and gets no alias
+            try:
+                registry.evaluation_failed(tracker, lc, plans["pretrain"].fingerprint, exc.report)
+            except Exception as tag_exc:  # noqa: BLE001 - the contract failure is the error to report
+                log.warning("evaluate: tagging the model version failed: %s", tag_exc)
         publish.stage_failed(name, plans[name].fingerprint, exc.report, tracker.run_url(run_id))
         raise
     except BaseException:
-        tracker.fail_stage(live)
+        tracker.fail_stage(live, ended=time.time())
         raise
-    seconds = time.time() - t0
+    t1 = time.time()       # the stage's run spans t0..t1 (the real work), not the logging below
+    seconds = t1 - t0
     report = reports.get("validation")
     metrics = publish.flat_metrics(art.manifest)
     tags = {"validation": ("passed" if report.success else "failed") if report else "cached"}
@@ -107,9 +115,10 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
         run_id = tracker.log_stage(
             name, fingerprint=art.fingerprint, cache_hit=hit, params=plans[name].params(), metrics=metrics,
             dicts=dicts, tables=publish.stat_tables(name, art), inputs=publish.lineage(name, art, lc),
-            tags=tags, artifacts=figures, artifact_dir="plots", run_id=live)
+            tags=tags, artifacts=figures, artifact_dir="plots", run_id=live, started=t0, ended=t1,
+            step=int(art.manifest.get("steps") or 0))   # pretrain: final metrics at the last step, not 0
     if report is not None:
-        tracker.log_text(run_id, report.summary_markdown(), "validation/summary.md")
+        tracker.log_validation(run_id, report)     # summary.md + GE Data Docs HTML
     registered = POST_LOG[name](art, tracker, run_id, lc) if name in POST_LOG else None
     url = tracker.run_url(run_id)
     create_markdown_artifact(key=f"{name}-summary", markdown=publish.stage_markdown(name, art, hit, seconds, report, url),

@@ -1,0 +1,100 @@
+"""Registry aliases that mean something, and their history.
+
+``candidate``: the latest version that passed evaluation (version tag ``evaluation=passed``); ``champion``: a
+version that passed every promotion gate (``gates=passed``), or one promoted by hand with a reason. Every move
+is recorded on the version that receives the alias, as version tags (MLflow keeps no alias history itself):
+``alias.<a>.previous`` (the version that held it before, or ``none``), ``alias.<a>.by`` (pipeline / promote /
+rollback), ``alias.<a>.reason``, ``alias.<a>.at`` (UTC). ``rollback`` walks that chain back: the alias goes
+to the version that held it before (else to the newest older version that qualifies) and the version it
+leaves gets ``alias.<a>.rolled_back`` = the reason.
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+from mlm_core.errors import MlmError
+
+# the version tag (and value) that makes a version eligible for an alias when no history says otherwise
+QUALIFIES = {"candidate": ("evaluation", "passed"), "champion": ("gates", "passed")}
+
+
+class AliasError(MlmError):
+    pass
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def holder(client, name: str, alias: str) -> int | None:
+    """The version ``name@alias`` points at (None: no such alias)."""
+    from mlflow.exceptions import MlflowException
+    try:
+        return int(client.get_model_version_by_alias(name, alias).version)
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+            return None
+        raise
+
+
+def versions(client, name: str) -> dict[int, dict]:
+    """{version: tags} of every version of ``name`` (the name compared in Python, never put into a filter)."""
+    out, token = {}, None
+    while True:
+        page = client.search_model_versions(max_results=1000, page_token=token) if token else \
+            client.search_model_versions(max_results=1000)
+        out.update({int(v.version): dict(v.tags or {}) for v in page if v.name == name})
+        token = page.token
+        if not token:
+            return out
+
+
+def move(client, name: str, alias: str, version: int, by: str, reason: str, keep_previous: bool = False) -> int | None:
+    """Point ``name@alias`` at ``version``, recording the move on that version; returns the previous holder.
+    A no-op (nothing recorded) when the alias already points there."""
+    before = holder(client, name, alias)
+    if before == int(version):
+        return before
+    client.set_registered_model_alias(name, alias, str(version))
+    tags = {f"alias.{alias}.by": by, f"alias.{alias}.reason": reason or "-", f"alias.{alias}.at": _now()}
+    current = client.get_model_version(name, str(version)).tags or {}
+    if not keep_previous:
+        tags[f"alias.{alias}.previous"] = str(before) if before is not None else "none"
+    elif f"alias.{alias}.previous" not in current:    # a rollback never points back at the version it left
+        tags[f"alias.{alias}.previous"] = "none"
+    for k, v in tags.items():
+        client.set_model_version_tag(name, str(version), k, v)
+    return before
+
+
+def remove(client, name: str, alias: str, reason: str) -> None:
+    """Delete ``name@alias``, noting why on the version it leaves."""
+    v = holder(client, name, alias)
+    if v is None:
+        return
+    client.delete_registered_model_alias(name, alias)
+    client.set_model_version_tag(name, str(v), f"alias.{alias}.removed", reason)
+
+
+def rollback_target(client, name: str, alias: str) -> tuple[int, int]:
+    """(current holder, version to move ``alias`` back to); AliasError when there is none."""
+    cur = holder(client, name, alias)
+    if cur is None:
+        raise AliasError(f"{name}@{alias} does not exist: nothing to roll back")
+    vs = versions(client, name)
+    prev = vs.get(cur, {}).get(f"alias.{alias}.previous", "none")
+    if prev.isdigit() and int(prev) in vs and int(prev) != cur:
+        return cur, int(prev)
+    key, value = QUALIFIES.get(alias, ("gates", "passed"))
+    older = [v for v, tags in vs.items() if v < cur and tags.get(key) == value]
+    if not older:
+        raise AliasError(f"{name}@{alias} is version {cur}: no version held it before it and no older version has "
+                         f"{key}={value}; move it by hand with `mlm promote {name} --alias {alias} --version N`")
+    return cur, max(older)
+
+
+def rollback(client, name: str, alias: str, reason: str) -> tuple[int, int]:
+    cur, target = rollback_target(client, name, alias)
+    move(client, name, alias, target, "rollback", reason, keep_previous=True)
+    client.set_model_version_tag(name, str(cur), f"alias.{alias}.rolled_back", reason)
+    return cur, target

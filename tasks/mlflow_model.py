@@ -1,0 +1,111 @@
+"""The trained model as an MLflow model: logged with the ``python_function`` flavor and registered.
+
+In: a pretrain output (``hf/`` Hugging Face export, or our own weights folder; ELECTRA also ``hf-discriminator/``),
+the stage's MLflow run. Out: a LoggedModel (``models:/m-<id>``) holding ``MLmodel``, a signature, an input
+example, the fill-mask code (``tasks/pyfunc_fillmask.py``, models from code: no pickle) and the model folders
+as pyfunc artifacts under ``artifacts/``; and a new version of the registered model made from it. So
+``mlflow.pyfunc.load_model("models:/NAME@ALIAS").predict(...)`` fills masks, ``mlflow models serve -m
+models:/NAME@ALIAS --env-manager local`` serves it, and the MLflow UI's version page finds its MLmodel.
+
+``model_dir_in`` maps a downloaded version back to the folder ``mlm fill-mask`` / ``mlm evaluate`` read.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CODE = Path(__file__).with_name("pyfunc_fillmask.py")
+WEIGHT_FILES = ("model.safetensors", "tokenizer.json", "model_config.json")
+# the packages the fill-mask code imports; mlm-pipeline itself is not on an index: serve with --env-manager local
+REQUIREMENTS = ("mlm-pipeline", "mlflow", "torch", "tokenizers", "safetensors", "pandas")
+
+
+def _requirements() -> list[str]:
+    """Pinned to what is installed (recorded for the reader; never resolved: pip_requirements given skips
+    MLflow's requirement inference, which would load the model in a subprocess)."""
+    from importlib.metadata import PackageNotFoundError, version
+    out = []
+    for pkg in REQUIREMENTS:
+        try:
+            v = version(pkg)
+        except PackageNotFoundError:
+            out.append(pkg)
+            continue
+        out.append(f"{pkg}=={v.split('+')[0]}" if pkg == "torch" else f"{pkg}=={v}")
+    return out
+
+
+def signature():
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+    out = Schema([ColSpec("long", "row"), ColSpec("long", "mask"), ColSpec("long", "rank"), ColSpec("string", "token"),
+                  ColSpec("long", "token_id"), ColSpec("double", "score"), ColSpec("string", "sequence")])
+    return ModelSignature(inputs=Schema([ColSpec("string")]), outputs=out,
+                          params=ParamSchema([ParamSpec("top_k", "long", 5)]))
+
+
+def mask_token(folder: Path) -> str:
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
+    return "[MASK]" if tok.token_to_id("[MASK]") is not None else "<mask>"
+
+
+def model_artifacts(pretrain_dir: Path, scratch: Path) -> dict[str, str]:
+    """{pyfunc artifact name: local folder}: ``hf`` (or ``weights``, the files copied into ``scratch``) and, for
+    ELECTRA, ``hf-discriminator``."""
+    pretrain_dir = Path(pretrain_dir)
+    arts = {}
+    if (pretrain_dir / "hf").is_dir():
+        arts["hf"] = str(pretrain_dir / "hf")
+    else:
+        w = Path(scratch) / "weights"
+        w.mkdir(parents=True)
+        for n in WEIGHT_FILES:
+            if (pretrain_dir / n).exists():
+                shutil.copy2(pretrain_dir / n, w / n)
+        arts["weights"] = str(w)
+    if (pretrain_dir / "hf-discriminator").is_dir():
+        arts["hf-discriminator"] = str(pretrain_dir / "hf-discriminator")
+    return arts
+
+
+def log_and_register(pretrain_dir: Path, run_id: str, name: str, tags: dict, description: str) -> int:
+    """Log the pretrain output as a pyfunc model of run ``run_id`` and register it as a new version of ``name``
+    (tags and description on the version). Uses the process's tracking URI (the Tracker sets it)."""
+    import tempfile
+
+    import mlflow
+    import pandas as pd
+    from mlflow.models import Model
+
+    from tasks.tracking_values import _tag_values
+    with tempfile.TemporaryDirectory(prefix="mlm-pyfunc-") as scratch:
+        arts = model_artifacts(pretrain_dir, Path(scratch))
+        example = [f"The capital of France is {mask_token(next(iter(arts.values())))}."]
+        info = Model.log(artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=run_id, python_model=str(CODE),
+                         artifacts=arts, signature=signature(), input_example=example,
+                         pip_requirements=_requirements(), flavor_name="python_function")
+    client = mlflow.MlflowClient()
+    try:
+        client.create_registered_model(name)
+    except mlflow.exceptions.MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    mv = client.create_model_version(name, source=info.model_uri, run_id=run_id, tags=_tag_values(tags) or None,
+                                     description=description, model_id=info.model_id)
+    return int(mv.version)
+
+
+def model_dir_in(folder: Path) -> Path:
+    """The model folder inside a downloaded version: the pyfunc's ``hf`` (or ``weights``) artifact when the
+    folder is an MLflow model (``MLmodel``), else the folder itself (versions registered as plain files)."""
+    folder = Path(folder)
+    if not (folder / "MLmodel").is_file():
+        return folder
+    for sub in ("hf", "weights"):
+        if (folder / "artifacts" / sub).is_dir():
+            return folder / "artifacts" / sub
+    return folder
