@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from flows.serve import add_parsers as add_server_parsers  # stdlib only: `mlm --help` stays instant
+from flows.cli_registry import add_parsers as add_registry_parsers  # stdlib only too
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -260,6 +261,7 @@ def cmd_run(args) -> int:
                   command=run_command(lc))
     from flows import ephemeral, guard
     guard.check_workdir(lc.workdir)   # writable, some space free: before Prefect puts its database there
+    _adopt_servers(lc)                # `mlm serve` running for this workdir: log to its MLflow and Prefect
     prepare_env(lc.workdir)
     from mlm_core.train import signals
     previous = signals.install()      # SIGTERM/SIGINT: training checkpoints at the next step, then exits 143/130
@@ -284,8 +286,16 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _adopt_servers(lc) -> None:
+    from flows.served import adopt_servers
+    used = adopt_servers(lc.workdir, tracking_uri_set=bool(lc.config.tracking.uri) or not lc.config.tracking.enabled)
+    if used:
+        print(f"mlm: logging to the servers of `mlm serve` ({', '.join(used)})", file=sys.stderr)
+
+
 def cmd_sync(args) -> int:
     lc = _load(args)
+    _adopt_servers(lc)
     prepare_env()
     from mlm_core.redact import redact
     from tasks.tracking_sync import sync
@@ -363,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     sd.set_defaults(func=cmd_config_docs)
     with_config(sub.add_parser("sync", help="send to MLflow what a lost tracking server missed (runs, metrics.jsonl)"
                                )).set_defaults(func=cmd_sync)
+    add_registry_parsers(sub)
     add_server_parsers(sub)
     return p
 

@@ -133,13 +133,16 @@ def test_cli_surface_is_frozen():
     from flows.cli import build_parser
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert sorted(sub.choices) == sorted(["run", "status", "verify", "stats", "fill-mask", "evaluate", "audit",
-                                          "config", "serve", "deploy", "sync"])
+                                          "config", "serve", "deploy", "sync", "promote", "rollback"])
     run_opts = {o for a in sub.choices["run"]._actions for o in a.option_strings}
     assert {"--only", "--from", "--force", "--set"} <= run_opts
     opts = lambda p: {o for a in p._actions for o in a.option_strings}  # noqa: E731
     validate = next(a for a in sub.choices["config"]._actions if a.dest == "config_command").choices["validate"]
     assert "--no-paths" in opts(validate)                       # files are checked unless --no-paths
     assert {"--wait", "--pool", "--schedule", "--api-url", "--write-yaml"} <= opts(sub.choices["deploy"])
+    for cmd in ("promote", "rollback"):                       # aliases moved by hand, with the reason recorded
+        assert {"--alias", "--reason", "--config"} <= opts(sub.choices[cmd])
+    assert {"--version", "--force"} <= opts(sub.choices["promote"])
     status_config = next(a for a in sub.choices["status"]._actions if a.dest == "config")
     assert status_config.nargs == "?"                           # `mlm status` alone finds ./mlm.yaml or configs/*.yaml
 
