@@ -19,7 +19,7 @@ from mlm_core.commands import run_command
 from mlm_core.configio import load_config
 from tasks import summary
 from tasks.stage import run_stage
-from tasks.tracking import Tracker, check_tracking_server, resolve_tracking_uri
+from tasks.tracking import Tracker, check_tracking_server, pipeline_run_name, resolve_tracking_uri
 
 StageName = Literal[tuple(stages.stage_names())]  # type: ignore[valid-type]
 
@@ -40,8 +40,9 @@ def run_pipeline(config_path: str, overrides: list[str] | None = None, only: str
     forced = set(chosen) if force or from_stage else set()
     tracker = Tracker(lc.config.tracking, lc.workdir)
     what = f"only {only}" if only else f"from {from_stage}" if from_stage else "all stages"
-    parent = tracker.start_pipeline(f"{lc.config.name}", params={"config_path": config_path, "overrides": overrides,
-                                                                 "selection": what, "force": force},
+    parent = tracker.start_pipeline(pipeline_run_name(lc.config.name, only, from_stage),  # "demo · all · 12-01 16:40"
+                                    params={"config_path": config_path, "overrides": overrides,
+                                            "selection": what, "force": force},
                                     tags={"stages": ",".join(chosen)})
     results = []
     # the parent flow run's summary artifact: the `mlm run` command this run equals, its stages, the model version

@@ -3,9 +3,15 @@
 In: a workdir (``.mlm`` by default), ports, a host. Out, until Ctrl-C / SIGTERM:
 - a Prefect server (API + UI; SQLite in ``<workdir>/prefect``, ``PREFECT_HOME`` there, analytics off),
 - a Prefect worker for the ``mlm-process`` work pool (created first when missing),
-- an MLflow tracking server (``sqlite:///<workdir>/mlflow-server.db``, artifacts proxied into
-  ``<workdir>/mlartifacts-server``), ``--workers 1`` and ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``:
-  10 s to start instead of ~38 s, and no orphaned huey consumers (STACK_NOTES section 2).
+- an MLflow tracking server over the workdir's own store, the one ``mlm run`` writes without a server
+  (``sqlite:///<workdir>/mlflow.db``, artifacts in ``<workdir>/mlartifacts``), ``--workers 1`` and
+  ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``: 10 s to start instead of ~38 s, and no orphaned huey
+  consumers (STACK_NOTES section 2).
+
+While it serves, ``<workdir>/serve.json`` (written atomically, removed on exit) says where the servers are;
+``mlm run`` with that workdir logs to them when they answer (``adopt_servers``), else to the local store and
+a temporary Prefect server, as without ``mlm serve``. Explicit settings win: a config's ``tracking.uri``,
+``$MLM_TRACKING_URI``, ``$PREFECT_API_URL``.
 
 Every child runs in its own session (process group); stopping kills whole groups, SIGTERM then
 SIGKILL after a grace period, so nothing a server forked survives it. Ports are checked (bind test)
@@ -274,10 +280,16 @@ class Plan:
     def mlflow_server(self) -> Child:
         env = self.base_env()
         env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
+        artifacts = str(self.workdir / "mlartifacts")
         cmd = [sys.executable, "-m", "mlflow", "server",
-               "--backend-store-uri", f"sqlite:///{self.workdir / 'mlflow-server.db'}",
-               "--artifacts-destination", str(self.workdir / "mlartifacts-server"),
+               "--backend-store-uri", f"sqlite:///{self.workdir / 'mlflow.db'}",   # the CLI's own store
+               "--artifacts-destination", artifacts,
                "--host", self.host, "--port", str(self.mlflow_port), "--workers", "1"]
+        if not self.auth:
+            # loopback: experiments the server creates keep their artifacts as plain paths in the workdir,
+            # like the CLI's, so a later `mlm run` without the server can still log to them (an
+            # `mlflow-artifacts:/` location needs the server). With auth (remote clients) they are proxied.
+            cmd += ["--default-artifact-root", artifacts]
         if self.auth:
             user, _, password = self.auth.partition(":")
             ini = self.workdir / "mlflow-basic-auth.ini"
@@ -379,7 +391,7 @@ def _banner(plan: Plan, seconds: float) -> str:
         f"mlm serve: up in {seconds:.0f}s (workdir {plan.workdir}, logs in {plan.workdir / 'logs'})",
         f"  Prefect UI   {plan.prefect_url}",
         f"  Prefect API  {plan.api_url}   (worker '{plan.worker_name}' on pool {plan.pool})",
-        f"  MLflow UI    {plan.mlflow_url}",
+        f"  MLflow UI    {plan.mlflow_url}/#/?workflowType=machine_learning   (the model-training view)",
         "",
         "In another shell:",
         f"  export PREFECT_API_URL={plan.api_url}",
@@ -390,10 +402,10 @@ def _banner(plan: Plan, seconds: float) -> str:
                   f"  export MLFLOW_TRACKING_USERNAME={user} MLFLOW_TRACKING_PASSWORD='<password>'"]
     lines += [
         f"  mlm deploy                      # deployments on pool {plan.pool}",
-        f"  export MLM_TRACKING_URI={plan.mlflow_url}",
         "  mlm run configs/demo.yaml",
-        f"Flow runs started from the Prefect UI log to {plan.mlflow_url} (the worker sets MLM_TRACKING_URI);",
-        "a config's tracking.uri, when set, takes precedence.",
+        f"`mlm run` with workdir {plan.workdir} logs to these servers while they run ({STATE_FILE} there says",
+        f"where); flow runs started from the Prefect UI log to {plan.mlflow_url} (the worker sets MLM_TRACKING_URI).",
+        "A config's tracking.uri, $MLM_TRACKING_URI or $PREFECT_API_URL, when set, take precedence.",
     ]
     if plan.host not in LOOPBACK:
         lines.append(f"Bound to {plan.host}: other machines use this host's address instead of "
@@ -480,11 +492,15 @@ def serve(plan: Plan, timeout: float = 180.0, grace: float = GRACE_S) -> int:
 
 
 def _write_state(path: Path, plan: Plan, children: list[Child]) -> None:
-    path.write_text(json.dumps({
-        "pid": os.getpid(), "prefect_url": plan.prefect_url, "api_url": plan.api_url,
-        "mlflow_url": plan.mlflow_url, "pool": plan.pool, "auth": bool(plan.auth),
+    """Atomically (a reader never sees half a file): write a temporary file, then rename it over."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({
+        "pid": os.getpid(), "workdir": str(plan.workdir), "prefect_url": plan.prefect_url, "api_url": plan.api_url,
+        "mlflow_url": plan.mlflow_url, "mlflow_store": f"sqlite:///{plan.workdir / 'mlflow.db'}",
+        "pool": plan.pool, "auth": bool(plan.auth),
         "children": {c.name: c.proc.pid for c in children if c.proc is not None},
     }, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def cmd_serve(args) -> int:

@@ -34,15 +34,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlm_core.redact import redact
+from tasks.tracking_context import (EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, UI_QUERY, pipeline_run_name,  # noqa: F401
+                                    run_context_tags)
 from tasks.tracking_backend import (TrackingError, _is_http, _sqlite_path, check_tracking_server,  # noqa: F401
                                     resolve_tracking_uri, server_healthy)
 from tasks.tracking_registry import (get_alias_version, list_registered_models, register_version,  # noqa: F401
                                      set_alias, tag_version)
 from tasks.tracking_stream import (MetricsStream, _first_line, _undelivered, delivery_report,  # noqa: F401
                                    reset_delivery_report, unreachable)
-from tasks.tracking_values import (MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, _chunks,  # noqa: F401
-                                   _dataset_input, _numeric_metrics, _system_tags, _tag_values,
-                                   flatten_params, history_points)
+from tasks.tracking_values import (MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, RUN_STATUSES,  # noqa: F401
+                                   _chunks, _dataset_input, _ms, _numeric_metrics, _status, _system_tags,
+                                   _tag_values, flatten_params, history_points)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -50,7 +52,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from mlm_core.config import TrackingConfig
 
 log = logging.getLogger(__name__)
-RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
 
 _MLFLOW_ENV_DEFAULTS = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -191,11 +192,14 @@ class Tracker:
         if exp is not None and exp.lifecycle_stage == "deleted":
             c.restore_experiment(exp.experiment_id)
         if exp is not None:
+            if EXPERIMENT_KIND_TAG not in (exp.tags or {}):  # training view, not GenAI; a user choice wins
+                c.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
             return exp.experiment_id
         # an http server decides its own (proxied) artifact store; locally, keep artifacts in the workdir
         location = None if _is_http(self.uri) else str(self.workdir / "mlartifacts")
         try:
-            return c.create_experiment(self.experiment, artifact_location=location)
+            return c.create_experiment(self.experiment, artifact_location=location,
+                                       tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except MlflowException as exc:  # another process created it in between
             exp = c.get_experiment_by_name(self.experiment)
             if exp is None:
@@ -204,7 +208,8 @@ class Tracker:
             return exp.experiment_id
 
     def _log_batch(self, run_id: str, params: dict[str, str] | None = None,
-                   metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None) -> None:
+                   metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
+                   step: int = 0) -> None:
         from mlflow.entities import Metric, Param, RunTag
 
         ts = int(time.time() * 1000)
@@ -212,16 +217,17 @@ class Tracker:
             self.client.log_batch(run_id, params=chunk)
         for chunk in _chunks([RunTag(k, v) for k, v in (tags or {}).items()], MAX_PARAMS_TAGS_PER_BATCH):
             self.client.log_batch(run_id, tags=chunk)
-        for chunk in _chunks([Metric(k, v, ts, 0) for k, v in (metrics or {}).items()], MAX_METRICS_PER_BATCH):
+        for chunk in _chunks([Metric(k, v, ts, int(step)) for k, v in (metrics or {}).items()], MAX_METRICS_PER_BATCH):
             self.client.log_batch(run_id, metrics=chunk)
 
-    def start_stage(self, stage: str, fingerprint: str) -> str | None:
-        """Open a stage's run before it computes (so it can stream metrics); finish it with log_stage(run_id=...)."""
+    def start_stage(self, stage: str, fingerprint: str, started: float | None = None) -> str | None:
+        """Open a stage's run before it computes (so it can stream metrics); finish it with log_stage(run_id=...).
+        ``started``: the stage's start (epoch seconds; default now)."""
         if not self.enabled:
             return None
         return self._guard(f"opening the {stage} run", self._create_run, stage,
                            {"stage": stage, "fingerprint": str(fingerprint), "cache": "miss"},
-                           parent=self._parent or _active_run_id())
+                           parent=self._parent or _active_run_id(), started=started)
 
     def stream(self, run_id: str | None, **kw) -> MetricsStream | None:
         """A non-blocking metrics callback for ``run_id``, delivering from a background thread; closed (and
@@ -245,10 +251,11 @@ class Tracker:
             if s.down:
                 self._go_offline(ConnectionError("server down since the stream lost it"), "closing the run")
 
-    def fail_stage(self, run_id: str | None, status: str = "FAILED") -> None:
+    def fail_stage(self, run_id: str | None, status: str = "FAILED", ended: float | None = None) -> None:
         if self.enabled and run_id is not None:
             self._close_stream(run_id)
-            self._guard("closing a failed run", self.client.set_terminated, run_id, status=_status(status))
+            self._guard("closing a failed run", self.client.set_terminated, run_id, status=_status(status),
+                        end_time=_ms(ended))
 
     def log_history(self, run_id: str | None, records: list[dict], step_key: str = "step") -> int:
         """Step-indexed metric curves (e.g. a training's metrics.jsonl) on a run; returns the points logged."""
@@ -262,14 +269,18 @@ class Tracker:
             self.client.log_batch(run_id, metrics=chunk)
         return len(points)
 
-    def _create_run(self, run_name: str, tags: dict[str, str], parent: str | None) -> str:
+    def _create_run(self, run_name: str, tags: dict[str, str], parent: str | None,
+                    started: float | None = None) -> str:
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-        # who runs it: `mlm sync` closes runs whose process died (left RUNNING by a crash or kill -9)
-        tags = {**tags, "mlm.pid": str(os.getpid()), "mlm.host": socket.gethostname()}
+        # who runs it: `mlm sync` closes runs whose process died (left RUNNING by a crash or kill -9);
+        # where it came from: the git commit and the Prefect flow run (id, UI link when a server is known)
+        tags = {**run_context_tags(), **tags, "mlm.pid": str(os.getpid()), "mlm.host": socket.gethostname()}
         if parent:
             tags[MLFLOW_PARENT_RUN_ID] = parent
-        run = self.client.create_run(self._experiment_id, run_name=run_name, tags=_system_tags(tags))
+        system = _system_tags(tags)
+        system.update({k: v for k, v in tags.items() if k.startswith("mlflow.source.git")})  # ours, not argv[0]'s
+        run = self.client.create_run(self._experiment_id, run_name=run_name, tags=system, start_time=_ms(started))
         return run.info.run_id
 
     # -- pipeline (parent) run
@@ -302,7 +313,8 @@ class Tracker:
                   metrics: dict[str, float], artifacts: list[Path] | None = None, artifact_dir: str = "",
                   dicts: dict[str, dict] | None = None, tables: dict[str, "pandas.DataFrame"] | None = None,
                   inputs: list[dict] | None = None, tags: dict | None = None,
-                  status: str = "FINISHED", run_id: str | None = None) -> str | None:
+                  status: str = "FINISHED", run_id: str | None = None, started: float | None = None,
+                  ended: float | None = None, step: int = 0) -> str | None:
         """Record one stage as a finished run, nested under the parent when there is one.
 
         ``artifacts``: files or folders, each logged under ``artifact_dir/<its name>`` (a folder keeps
@@ -312,6 +324,9 @@ class Tracker:
         If logging fails half-way the run is closed as FAILED and the error propagates; if the server
         is gone, the tracker goes offline and returns None (the stage's output is already stored).
         ``run_id``: finish a run opened by ``start_stage`` (which streamed metrics while the stage ran).
+        ``started``/``ended``: the stage's real start and end (epoch seconds), so the run's duration is the
+        stage's, not that of this bookkeeping. ``step``: the step of ``metrics`` (a training's last step: its
+        final validation figures then end its curves instead of starting them at step 0).
         """
         if not self.enabled:
             return None
@@ -321,20 +336,24 @@ class Tracker:
             _undelivered(self.uri, run=stage)
             return None
         return self._guard(f"logging the {stage} run", self._log_stage, stage, fingerprint, cache_hit, params,
-                           metrics, artifacts, artifact_dir, dicts, tables, inputs, tags, status, run_id, run=stage)
+                           metrics, artifacts, artifact_dir, dicts, tables, inputs, tags, status, run_id, started,
+                           ended, step, run=stage)
 
     def _log_stage(self, stage, fingerprint, cache_hit, params, metrics, artifacts, artifact_dir, dicts, tables,
-                   inputs, tags, status, run_id) -> str:
+                   inputs, tags, status, run_id, started=None, ended=None, step=0) -> str:
         parent = self._parent or _active_run_id()
         all_tags = {**_tag_values(tags), "stage": stage, "fingerprint": str(fingerprint),
                     "cache": "hit" if cache_hit else "miss"}
+        if cache_hit:   # a short run is right: the stored output was reused, not recomputed
+            all_tags["mlm.duration"] = "cache hit: the run spans the reuse (check, re-validation), not a computation"
         if run_id is None:
-            run_id = self._create_run(stage, all_tags, parent=parent)
+            run_id = self._create_run(stage, all_tags, parent=parent, started=started)
             tag_now = {}
         else:
             tag_now = all_tags
         try:
-            self._log_batch(run_id, params=flatten_params(params), metrics=_numeric_metrics(metrics), tags=tag_now)
+            self._log_batch(run_id, params=flatten_params(params), metrics=_numeric_metrics(metrics), tags=tag_now,
+                            step=step)
             for name, d in (dicts or {}).items():
                 self.client.log_dict(run_id, d, name)
             for name, df in (tables or {}).items():
@@ -354,7 +373,7 @@ class Tracker:
             if not (isinstance(exc, Exception) and unreachable(exc)):
                 self.client.set_terminated(run_id, status="FAILED")
             raise
-        self.client.set_terminated(run_id, status=status)
+        self.client.set_terminated(run_id, status=status, end_time=_ms(ended))
         return run_id
 
     def set_stage_tags(self, run_id: str | None, tags: dict) -> None:
@@ -370,36 +389,27 @@ class Tracker:
         self._guard("logging a text artifact", self.client.log_text, run_id, text, artifact_file)
         return None
 
+    def log_validation(self, run_id: str | None, report) -> None:
+        """A validation report's Markdown summary and its Great Expectations Data Docs pages (HTML, which
+        MLflow's artifact viewer shows) under ``validation/``."""
+        if not self.enabled or not run_id or report is None:
+            return None
+        self.log_text(run_id, report.summary_markdown(), "validation/summary.md")
+        for name, html in (getattr(report, "data_docs", None) or {}).items():
+            self.log_text(run_id, html, f"validation/data_docs/{name}")
+        return None
+
     def run_url(self, run_id: str | None) -> str | None:
         """The UI link of a run on an http tracking server; None for SQLite (no UI is serving it)."""
         if not self.enabled or not run_id or not _is_http(self.uri):
             return None
-        return f"{redact(self.uri).rstrip('/')}/#/experiments/{self._experiment_id}/runs/{run_id}"
-
-
-def _status(status: str) -> str:
-    s = str(status).upper()
-    if s not in RUN_STATUSES:
-        raise ValueError(f"run status must be one of {RUN_STATUSES}, got {status!r}")
-    if s == "FAILED" and _stopped_by_signal():
-        return "KILLED"     # SIGTERM/SIGINT: the run was stopped (and checkpointed), not broken
-    return s
-
-
-def _stopped_by_signal() -> bool:
-    import sys
-    exc = sys.exc_info()[1]
-    return exc is not None and (isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "Interrupted")
+        return f"{redact(self.uri).rstrip('/')}/#/experiments/{self._experiment_id}/runs/{run_id}{UI_QUERY}"
 
 
 def _active_run_id() -> str | None:
     """A fluent ``mlflow.start_run`` run active in this thread, if any (used as parent)."""
     run = _mlflow().active_run()
     return run.info.run_id if run is not None else None
-
-
-def _uri_of(tracker_or_uri: "Tracker | str") -> str:
-    return tracker_or_uri.uri if isinstance(tracker_or_uri, Tracker) else str(tracker_or_uri)
 
 
 __all__ = ["Tracker", "TrackingError", "check_tracking_server", "resolve_tracking_uri", "server_healthy",

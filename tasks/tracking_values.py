@@ -120,3 +120,26 @@ def history_points(records: list[dict], step_key: str = "step", ts: int = 0) -> 
             for r in records if step_key in r
             for k, v in r.items() if k not in (step_key, "type") and not k.startswith("_")
             and isinstance(v, numbers.Real) and not isinstance(v, bool)]
+
+
+RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
+
+
+def _ms(t: float | None) -> int | None:
+    """Epoch seconds -> MLflow's epoch milliseconds (None: MLflow uses now)."""
+    return None if t is None else int(round(t * 1000))
+
+
+def _status(status: str) -> str:
+    s = str(status).upper()
+    if s not in RUN_STATUSES:
+        raise ValueError(f"run status must be one of {RUN_STATUSES}, got {status!r}")
+    if s == "FAILED" and _stopped_by_signal():
+        return "KILLED"     # SIGTERM/SIGINT: the run was stopped (and checkpointed), not broken
+    return s
+
+
+def _stopped_by_signal() -> bool:
+    import sys
+    exc = sys.exc_info()[1]
+    return exc is not None and (isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "Interrupted")

@@ -26,7 +26,7 @@ import math
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -78,6 +78,9 @@ class ValidationReport:
     results: list[dict]            # one per expectation, in suite order (see _result_row)
     n_rows_sampled: dict[str, int]  # rows validated per table
     duration_s: float
+    # Great Expectations Data Docs: one HTML page per table (file name -> HTML), rendered by GE's own
+    # ValidationResultsPageRenderer; not part of result.json
+    data_docs: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def failed_critical(self) -> list[dict]:
@@ -89,6 +92,7 @@ class ValidationReport:
 
     def to_json(self) -> dict:
         d = asdict(self)
+        d.pop("data_docs", None)
         d["n_failed_critical"] = len(self.failed_critical)
         d["n_failed_warnings"] = len(self.failed_warnings)
         return d
@@ -262,6 +266,7 @@ def validate_stage(stage: str, out_dir: Path, manifest: dict, *, sample_rows: in
                          f"(available: {', '.join(sorted(tables))})")
 
     rows: dict[int, dict] = {}
+    docs: dict[str, str] = {}
     with _LOCK:
         for table, entries in by_table.items():
             suite = _build_suite(f"{suite_name}.{table}", entries, path)
@@ -275,13 +280,14 @@ def validate_stage(stage: str, out_dir: Path, manifest: dict, *, sample_rows: in
             for r in res.results:
                 idx = r.expectation_config.meta[_INDEX_KEY]
                 rows[idx] = _result_row(r, table)
+            docs[f"{table}.html"] = _data_docs_page(res)
 
     results = [rows[i] for i in sorted(rows)]
     report = ValidationReport(
         stage=stage, suite=path.name,
         success=not any(not r["success"] and r["severity"] == "critical" for r in results),
         results=results, n_rows_sampled={t: int(len(df)) for t, df in tables.items()},
-        duration_s=round(time.perf_counter() - t0, 3))
+        duration_s=round(time.perf_counter() - t0, 3), data_docs=docs)
     for r in report.failed_warnings:
         log.warning("validation warning: %s [%s] %s: %s; offending: %s",
                     stage, r["table"], _describe(r), _outcome(r), _offending(r) or "-")
@@ -290,6 +296,29 @@ def validate_stage(stage: str, out_dir: Path, manifest: dict, *, sample_rows: in
     log.info("validation: %s passed %s (%d expectations, %d warning(s), %.2f s)", stage, path.name,
              len(results), len(report.failed_warnings), report.duration_s)
     return report
+
+
+def _data_docs_page(res) -> str:
+    """GE's Data Docs page for one validation result, rendered without a file-backed context (the page
+    loads its styles from public CDNs; offline it shows unstyled, with the same content)."""
+    try:
+        from great_expectations.render.renderer import ValidationResultsPageRenderer
+        from great_expectations.render.view import DefaultJinjaPageView
+        for r in res.results:   # GE's num_to_str parses repr(): numpy 2's "np.float64(0.5)" breaks it
+            r.result = _plain(r.result)
+        return DefaultJinjaPageView().render(ValidationResultsPageRenderer().render(res))
+    except Exception as exc:  # noqa: BLE001 (a rendering bug must not fail a stage; result.json has it all)
+        log.warning("validation: Data Docs page not rendered (%s)", exc)
+        return f"<html><body><p>Data Docs rendering failed: {type(exc).__name__}</p></body></html>"
+
+
+def _plain(obj: Any) -> Any:
+    """numpy scalars -> Python numbers, recursively (dicts, lists)."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v) for v in obj)
+    return obj.item() if type(obj).__module__ == "numpy" and hasattr(obj, "item") else obj
 
 
 def _result_row(r, table: str) -> dict:

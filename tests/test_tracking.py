@@ -198,7 +198,7 @@ def test_params_flatten_and_run_url():
         "a.b": "1", "a.c.d": "[1, 2]", "e": "None", "f": "{}"}
     tr = Tracker.__new__(Tracker)
     tr.__dict__.update(enabled=True, uri="http://h:5000/", _experiment_id="3")
-    assert tr.run_url("abc") == "http://h:5000/#/experiments/3/runs/abc"
+    assert tr.run_url("abc") == "http://h:5000/#/experiments/3/runs/abc?workflowType=machine_learning"   # training view
 
 
 def test_resolve_uri(tmp_path):
