@@ -104,6 +104,8 @@ def test_pipeline_runs_validates_tracks_and_caches(cfg_file, prefect_harness):
     pre = next(c for c in children if c.data.tags["stage"] == "pretrain")
     curve = client.get_metric_history(pre.info.run_id, "train.loss")
     assert len(curve) >= 2 and curve[-1].step == 300         # the training curve, step-indexed
+    val = client.get_metric_history(pre.info.run_id, "en.val_acc")   # final figures end the curve, never at step 0
+    assert val and {m.step for m in val} == {300}, [(m.step, m.value) for m in val]
     assert {mv.tags["gate.min_top1_over_baseline/en"], mv.tags["gate.min_top1_over_baseline/ru"]} == {"pass"}
     assert {mv.tags["gate.top1_over_baseline_ci_above/en"], mv.tags["gate.top1_over_baseline_ci_above/ru"]} == {"pass"}
 
