@@ -94,12 +94,16 @@ def test_pipeline_runs_validates_tracks_and_caches(cfg_file, prefect_harness):
     only = normalize_flow(config_path=str(cfg_file), force=True)
     assert [(r["stage"], r["cache_hit"]) for r in only] == [("normalize", False)]
 
-    # the registry: version 1 registered by pretrain (candidate), promoted by the gates (champion), tagged
+    # the registry: version 1 registered by pretrain, candidate once evaluation passed, champion by the gates
     client = mlflow.MlflowClient()
     mv = client.get_model_version_by_alias("flowtest-model", "champion")
     assert int(mv.version) == 1 and int(client.get_model_version_by_alias("flowtest-model", "candidate").version) == 1
     assert mv.tags["gates"] == "passed" and mv.tags["pretrain_fingerprint"] == first[3]["fingerprint"]
-    assert mv.tags["format"] == "safetensors" and mv.source.endswith("model/hf")
+    assert mv.tags["format"] == "safetensors" and mv.tags["evaluation"] == "passed"
+    assert mv.source.startswith("models:/m-")                  # an MLflow model (pyfunc), not a folder of files
+    assert mv.description.startswith("Multilingual masked language model")   # the model card's summary
+    assert mlflow.pyfunc.load_model("models:/flowtest-model@champion").predict(["The quick brown [MASK] jumps."],
+                                                                            params={"top_k": 2})["rank"].tolist() == [1, 2]
     assert first[3]["model_version"] == 1
     pre = next(c for c in children if c.data.tags["stage"] == "pretrain")
     curve = client.get_metric_history(pre.info.run_id, "train.loss")
@@ -109,11 +113,14 @@ def test_pipeline_runs_validates_tracks_and_caches(cfg_file, prefect_harness):
     assert {mv.tags["gate.min_top1_over_baseline/en"], mv.tags["gate.min_top1_over_baseline/ru"]} == {"pass"}
     assert {mv.tags["gate.top1_over_baseline_ci_above/en"], mv.tags["gate.top1_over_baseline_ci_above/ru"]} == {"pass"}
 
-    # an untrained model (2 steps) is registered as a new candidate, fails the same gate and is not promoted
+    # an untrained model (2 steps, top-1 below the unigram baseline) is registered, fails evaluation and the
+    # gates, and gets no alias: candidate and champion stay on version 1
     untrained = pipeline(config_path=str(cfg_file), overrides=["pretrain.steps=2", "pretrain.warmup_steps=1"])
     assert untrained[3]["fingerprint"] != first[3]["fingerprint"]
-    v2 = client.get_model_version_by_alias("flowtest-model", "candidate")
-    assert int(v2.version) == 2 and v2.tags["gates"] == "failed"
+    v2 = client.get_model_version("flowtest-model", "2")
+    assert v2.tags["gates"] == "failed" and v2.tags["evaluation"] == "failed" and not v2.aliases
+    assert "top-1" in v2.tags["evaluation_failed"] and "unigram baseline" in v2.tags["evaluation_failed"]
+    assert int(client.get_model_version_by_alias("flowtest-model", "candidate").version) == 1
     assert "min_top1_over_baseline/" in v2.tags["failed_gates"]
     assert "top1_over_baseline_ci_above/" in v2.tags["failed_gates"]
     assert int(client.get_model_version_by_alias("flowtest-model", "champion").version) == 1, "champion moved"
