@@ -191,7 +191,8 @@ def _print_rows(rows: list[dict]) -> None:
         print("  (none)")
         return
     cols = list(rows[0])
-    fmt = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)  # noqa: E731
+    # floats to 4 significant digits: a KL of 2e-06 prints as 2e-06, not 0.0000; nothing computed prints "-"
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else "-" if v is None else str(v)  # noqa: E731
     widths = [max(len(c), *(len(fmt(r.get(c))) for r in rows)) for c in cols]
     print("  " + "  ".join(c.ljust(w) for c, w in zip(cols, widths)))
     for r in rows:
@@ -213,9 +214,15 @@ def cmd_evaluate(args) -> int:
         print(json.dumps(result, indent=2, default=str))
         return 0
     print(f"model: {args.model}\nper-language masked-token metrics (held-out split), next to the unigram baseline:")
-    _print_rows(intrinsic_rows(result))
-    print("zero-shot transfer (fine-tuned on the source language only):")
+    # a language without held-out data shows as "-" in every column (the `missing` flag itself is not printed)
+    _print_rows([{k: v for k, v in r.items() if k != "missing"} for r in intrinsic_rows(result)])
+    print("zero-shot transfer (fine-tuned on the source language only; gap = source - target, positive = lost):")
     _print_rows(transfer_rows(result))
+    ret = (result.get("transfer") or {}).get("retrieval") or {}
+    if ret:
+        print(f"parallel-sentence retrieval ({ret.get('metric', 'accuracy@1')}, layer {ret.get('layer')}, "
+              f"pivot {ret.get('pivot')}; chance = 1/n):")
+        _print_rows([{"pair": f"{ret.get('pivot')}-{lang}", **r} for lang, r in sorted((ret.get("pairs") or {}).items())])
     return 0
 
 

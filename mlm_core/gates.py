@@ -20,6 +20,12 @@ from dataclasses import asdict, dataclass
 NO_DATA = "no held-out data"
 
 
+def transfer_gap(source_score: float, target_score: float) -> float:
+    """The zero-shot transfer gap, one sign everywhere (evaluation report, gate, model card, ``mlm evaluate``):
+    source − target, so a positive gap is what transfer lost (the XTREME "cross-lingual transfer gap")."""
+    return source_score - target_score
+
+
 @dataclass(frozen=True)
 class GateResult:
     name: str            # gate, with the language when per language: "min_top1/en"
@@ -148,7 +154,7 @@ def _transfer_gate(evaluation: dict, threshold: float) -> list:
             if t.get("missing") or score is None:
                 problems.append(f"{task}/{lang}: {NO_DATA if t.get('missing') else 'no score'}")
             else:
-                gaps.append((src - score, task, lang))
+                gaps.append((transfer_gap(src, score), task, lang))
     if problems:
         worst = max(gaps)[0] if gaps else None
         return [GateResult(name, False, None if worst is None else round(worst, 6), threshold, "; ".join(problems))]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from mlm_core.gates import transfer_gap
+
 DASH = "—"
 
 
@@ -115,7 +117,7 @@ def _evaluation_section(ev: dict) -> list[str]:
         rows.append([task, f"{src_lang} (source)" if src_lang else "source", src, DASH])
         for lang, t in sorted((_get(r, "targets") or {}).items()):
             score = _get(t, "score")
-            gap = src - score if isinstance(src, (int, float)) and isinstance(score, (int, float)) else None
+            gap = transfer_gap(src, score) if isinstance(src, (int, float)) and isinstance(score, (int, float)) else None
             rows.append([task, lang, score, gap])
     out += _table(["task", "language", "score", "gap (source − target)"], rows)
     return out + [""]

@@ -238,3 +238,39 @@ def test_promote_and_rollback_move_aliases_by_hand_with_the_reason(registered, m
     # the reason is required
     with pytest.raises(SystemExit):
         main(["promote", NAME, "--version", str(v1)])
+
+
+# ---- what `mlm evaluate` / `mlm audit` print (issue 14 item 7) ---------------------------------------------
+@pytest.fixture
+def cfg_path(pipeline_out, tmp_path):  # noqa: F811
+    import yaml
+    lc, _ = pipeline_out
+    f = tmp_path / "cfg.yaml"
+    f.write_text(yaml.safe_dump(lc.config.model_dump(mode="json")), encoding="utf-8")
+    return f
+
+
+def test_evaluate_prints_retrieval_and_no_missing_flag_and_audit_prints_small_kl(pipeline_out, cfg_path,  # noqa: F811
+                                                                                 monkeypatch, capsys):
+    import mlm_core.audit
+    import mlm_core.evaluate.stage as ev_stage
+    from flows.cli import main
+    _, arts = pipeline_out
+    result = {"intrinsic": {"en": {"n_positions": 40, "top1": 0.25, "baseline_top1": 0.05},
+                            "ru": {"missing": "no held-out data"}},
+              "transfer": {"upos": {"source_lang": "en", "source_score": 0.9,
+                                    "targets": {"ru": {"score": 0.6, "source_score": 0.9, "gap": 0.3}}},
+                           "retrieval": {"pivot": "en", "layer": 2, "metric": "accuracy@1",
+                                         "pairs": {"ru": {"n": 20, "src_to_tgt": 0.35, "tgt_to_src": 0.3,
+                                                          "mean": 0.325, "chance": 0.05}}}}}
+    monkeypatch.setattr(ev_stage, "evaluate_model", lambda *a, **k: result)
+    assert main(["evaluate", str(arts["pretrain"].path / "hf"), "--config", str(cfg_path)]) == 0
+    out = capsys.readouterr().out
+    assert "missing" not in out and "False" not in out
+    assert "retrieval" in out and "en-ru" in out and "0.325" in out
+    assert "gap = source - target" in out
+    monkeypatch.setattr(mlm_core.audit, "run_audit", lambda *a, **k: {
+        "templates": {"en": {"delta_bias": {"female_vs_male": 0.5}, "kl_to_neutral_mean": 2e-06}}})
+    assert main(["audit", str(arts["pretrain"].path / "hf"), "--config", str(cfg_path)]) == 0
+    out = capsys.readouterr().out
+    assert "2e-06" in out and "0.0000" not in out

@@ -156,7 +156,7 @@ def test_upos_transfer_on_ud(model_dir, loaded, shared_data, tmp_path):
         t = rep["targets"][lang]
         gold = [u for s in rc(shared_data / "ud-pud" / f"{lang}_pud-ud-test.conllu") for u in s.upos]
         assert t["n"] == len(gold) and t["sentences"] == 1000
-        assert 0 <= t["score"] <= 1 and t["gap"] == pytest.approx(t["score"] - rep["source_score"], abs=1e-4)
+        assert 0 <= t["score"] <= 1 and t["gap"] == pytest.approx(rep["source_score"] - t["score"], abs=1e-4)
         assert t["majority_baseline"] == pytest.approx(gold.count("NOUN") / len(gold), abs=1e-4)
         assert t["unseen_labels"]["count"] == sum(g not in rep["labels"] for g in gold)
     assert rep["targets"]["xx"]["unseen_labels"] == {"count": 1, "labels": ["ZZZ"]}
@@ -184,7 +184,7 @@ def test_classification_and_retrieval_on_demo(model_dir):
     for lang in ("fr", "de"):
         t = clf["targets"][lang]
         assert t["n"] == 252 and 0 <= t["score"] <= 1 and t["unseen_labels"]["count"] == 0
-        assert t["gap"] == pytest.approx(t["score"] - clf["source_score"], abs=1e-4)
+        assert t["gap"] == pytest.approx(clf["source_score"] - t["score"], abs=1e-4)
         assert 0.1 < t["majority_baseline"] < 0.25  # six balanced topics
     assert out["upos"]["targets"]["ru"]["n"] > 1000
     ret = out["retrieval"]

@@ -13,7 +13,7 @@ relative to ``base_dir`` (the config file's folder), a seed. Out: ``run_transfer
   no word is scored wrong for lying past ``max_positions``. Per target, ``long_sentences`` and
   ``words_past_max_len`` say how many needed it (the words a single truncated input would have lost).
 - Sentence classification: mean of the non-pad hidden states -> linear head; accuracy.
-- Per target: ``score``, ``source_score``, ``gap`` = score − source_score (negative = loss in transfer),
+- Per target: ``score``, ``source_score``, ``gap`` = source_score − score (``gates.transfer_gap``: positive = lost in transfer),
   ``majority_baseline`` (the most frequent source training label predicted everywhere, scored on
   the target) and ``unseen_labels`` (target gold labels never seen in the source training data: they
   can only be scored wrong; reported, not an error). ``source_score`` comes from held-out data: the
@@ -43,6 +43,7 @@ import torch
 
 from mlm_core.config import EvaluateConfig, FinetuneConfig, TransferTask
 from mlm_core.evaluate.conll import ConllError, read_aligned, read_labeled, read_tagged
+from mlm_core.gates import transfer_gap
 from mlm_core.evaluate.finetune import IGNORE, Example, attention_segments, build_task_model, collate, fit, mean_pool
 
 log = logging.getLogger(__name__)
@@ -198,7 +199,7 @@ def finish_report(kind: str, task: TransferTask, res, targets: dict[str, dict], 
     source_score, source_majority = src["score"], src["majority_baseline"]
     for t in targets.values():
         t["source_score"] = source_score
-        t["gap"] = round(t["score"] - source_score, 5)
+        t["gap"] = round(transfer_gap(source_score, t["score"]), 5)
     return {"task": kind, "metric": "accuracy", "source_lang": task.source_lang, "source_score": source_score,
             "source_score_on": source_on, "n_source_test": src["n"], "source_majority_baseline": source_majority,
             "validation_score": round(res.best_score, 5), "n_train": n_train, "n_validation": n_val,
