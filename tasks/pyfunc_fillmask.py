@@ -13,14 +13,10 @@ tokenizer's mask token ([MASK] or <mask>); param ``top_k`` (default 5). Out: a D
 """
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import mlflow
 from mlflow.pyfunc import PythonModel
-
-# the signature is declared when logging (tasks.mlflow_model.signature): no type-hint inference wanted
-warnings.filterwarnings("ignore", message=r".*Add type hints to the `predict` method.*")
 
 COLUMNS = ["row", "mask", "rank", "token", "token_id", "score", "sequence"]
 
@@ -39,6 +35,10 @@ def _texts(model_input) -> list[str]:
 
 
 class FillMask(PythonModel):
+    # the signature is declared when logging (tasks.mlflow_model.signature): no type-hint validation/inference
+    # (and no "Add type hints" warning on every load)
+    _skip_type_hint_validation = True
+
     def load_context(self, context):
         from mlm_core.fillmask import load_model_dir
         arts = context.artifacts

@@ -274,3 +274,26 @@ def test_evaluate_prints_retrieval_and_no_missing_flag_and_audit_prints_small_kl
     assert main(["audit", str(arts["pretrain"].path / "hf"), "--config", str(cfg_path)]) == 0
     out = capsys.readouterr().out
     assert "2e-06" in out and "0.0000" not in out
+
+
+def test_electra_logs_generator_and_discriminator(tmp_path):
+    """ELECTRA outputs hold hf/ (generator, the fill-mask model) and hf-discriminator/: both are model artifacts;
+    an output without a Hugging Face export logs its own weight files."""
+    from tasks.mlflow_model import model_artifacts, model_dir_in
+    electra = tmp_path / "electra"
+    for d in ("hf", "hf-discriminator"):
+        (electra / d).mkdir(parents=True)
+    arts = model_artifacts(electra, tmp_path / "s1")
+    assert arts == {"hf": str(electra / "hf"), "hf-discriminator": str(electra / "hf-discriminator")}
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for n in ("model.safetensors", "tokenizer.json", "model_config.json"):
+        (plain / n).write_text(n)
+    arts = model_artifacts(plain, tmp_path / "s2")
+    assert list(arts) == ["weights"] and sorted(p.name for p in Path(arts["weights"]).iterdir()) == \
+        ["model.safetensors", "model_config.json", "tokenizer.json"]
+    # a downloaded MLflow model resolves to its hf/ artifact; a plain folder (older versions) to itself
+    (tmp_path / "dl" / "artifacts" / "hf").mkdir(parents=True)
+    (tmp_path / "dl" / "MLmodel").write_text("flavors: {}")
+    assert model_dir_in(tmp_path / "dl") == tmp_path / "dl" / "artifacts" / "hf"
+    assert model_dir_in(plain) == plain
