@@ -66,7 +66,8 @@ def prefect_tags() -> dict[str, str]:
         tags = {FLOW_RUN_ID_TAG: str(run_id)}
         from prefect.settings import PREFECT_API_URL
         if os.environ.get("PREFECT_API_URL") or PREFECT_API_URL.value():
-            url = flow_run.get_flow_run_ui_url()
+            from prefect.utilities.urls import url_for   # the UI's route (/runs/flow-run/<id>); the runtime's
+            url = url_for("flow-run", obj_id=run_id)        # get_flow_run_ui_url() says /flow-runs/flow-run/<id>
             if url:
                 tags[FLOW_RUN_URL_TAG] = str(url)
         return tags

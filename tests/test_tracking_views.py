@@ -185,7 +185,7 @@ def test_stage_run_spans_the_work_and_links_back(cfg_file, prefect_harness, monk
     assert parent.info.run_name.startswith("views · only normalize · "), parent.info.run_name
     flow_run_id = str(state.state_details.flow_run_id)
     assert stage.data.tags["prefect.flow_run_id"] == flow_run_id == parent.data.tags["prefect.flow_run_id"]
-    assert flow_run_id in parent.data.tags["prefect.flow_run_url"], parent.data.tags  # the harness is a server
+    assert parent.data.tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{flow_run_id}"), parent.data.tags
     assert "mlflow.source.git.commit" in stage.data.tags or not (REPO / ".git").exists()
 
     # GE Data Docs: one HTML page per validated table, next to result.json
@@ -233,3 +233,30 @@ def test_real_mlflow_server_over_the_cli_store(tmp_path):
     # and the CLI can keep logging to the experiment the server created (its artifact location is a path)
     tok = local.log_stage("tokenizer", fingerprint="g", cache_hit=False, params={}, metrics={}, dicts={"x.json": {}})
     assert c.get_run(tok).info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_mlm_run_logs_to_a_running_mlm_serve(tmp_path):
+    """`mlm serve` for a workdir, then `mlm run` with a config using that workdir: the run is in the served
+    MLflow (same mlflow.db) and in the served Prefect, and its MLflow runs link to the Prefect flow run."""
+    from mlflow import MlflowClient
+    from test_servers import MLM, _serve_env, _tiny_config, mlm_serve
+
+    wd = (tmp_path / "srv").resolve()
+    config = _tiny_config(tmp_path)
+    with mlm_serve(wd) as (pport, mport, state):
+        assert state["mlflow_store"] == f"sqlite:///{wd}/mlflow.db"
+        env = _serve_env(wd / "prefect")
+        r = subprocess.run([*MLM, "run", str(config), "--only", "normalize", "--set", f"workdir={wd}"], cwd=REPO,
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert f"logging to the servers of `mlm serve` (MLflow http://127.0.0.1:{mport}" in r.stderr, r.stderr[-2000:]
+        c = MlflowClient(f"http://127.0.0.1:{mport}")
+        exp = c.get_experiment_by_name("mlm-e2e")
+        runs = c.search_runs([exp.experiment_id])
+        stage = next(x for x in runs if x.data.tags.get("stage") == "normalize")
+        assert stage.data.tags["prefect.flow_run_url"].startswith(f"http://127.0.0.1:{pport}/runs/flow-run/")
+        assert stage.data.tags["prefect.flow_run_id"] in stage.data.tags["prefect.flow_run_url"]
+    # the same runs in the workdir's own store, where `mlm run` logs when no server runs
+    local = MlflowClient(f"sqlite:///{wd}/mlflow.db")
+    assert stage.info.run_id in {x.info.run_id for x in local.search_runs([exp.experiment_id])}
