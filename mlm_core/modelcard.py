@@ -154,7 +154,7 @@ def _gates_section(gates: list, promoted: bool) -> list[str]:
         out.append("**Promoted** to alias `champion`: every declared gate passed.")
     else:
         why = f"failing gate(s): {', '.join(failed)}" if failed else "promotion was not requested"
-        out.append(f"**Not promoted**: stays `candidate` ({why}).")
+        out.append(f"**Not promoted** to `champion` ({why}); `candidate` is the latest version that passed evaluation.")
     return out + [""]
 
 

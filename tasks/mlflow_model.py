@@ -85,10 +85,14 @@ def log_and_register(pretrain_dir: Path, run_id: str, name: str, tags: dict, des
     with tempfile.TemporaryDirectory(prefix="mlm-pyfunc-") as scratch:
         arts = model_artifacts(pretrain_dir, Path(scratch))
         example = [f"The capital of France is {mask_token(next(iter(arts.values())))}."]
-        info = Model.log(artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=run_id, python_model=str(CODE),
-                         artifacts=arts, signature=signature(), input_example=example,
+        client = mlflow.MlflowClient()
+        # created in the run's experiment: left to Model.log it lands in the default experiment 0, whose artifacts
+        # go to ./mlruns in whatever the current directory is, not to the workdir
+        lm = mlflow.initialize_logged_model(name="model", source_run_id=run_id,
+                                            experiment_id=client.get_run(run_id).info.experiment_id)
+        info = Model.log(artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=run_id, model_id=lm.model_id,
+                         python_model=str(CODE), artifacts=arts, signature=signature(), input_example=example,
                          pip_requirements=_requirements(), flavor_name="python_function")
-    client = mlflow.MlflowClient()
     try:
         client.create_registered_model(name)
     except mlflow.exceptions.MlflowException as exc:

@@ -80,6 +80,11 @@ def test_version_is_an_mlflow_model_with_signature_example_and_description(regis
     lc, arts, tracker, run_id, version = registered
     mv = tracker.client.get_model_version(NAME, str(version))
     assert mv.source.startswith("models:/m-") and mv.run_id == run_id
+    # the model's files live with the run's experiment in the workdir, not in ./mlruns of the current directory
+    model = tracker.client.get_logged_model(mv.source[len("models:/"):])
+    assert "READY" in str(model.status)                        # finalized, not left PENDING
+    assert str(lc.workdir) in model.artifact_location and model.source_run_id == run_id
+    assert not (Path.cwd() / "mlruns").exists()
     info = mlflow.models.get_model_info(f"models:/{NAME}/{version}")
     assert "python_function" in info.flavors
     assert info.signature.inputs.to_dict() and info.signature.outputs.to_dict()
