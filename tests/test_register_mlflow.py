@@ -302,3 +302,17 @@ def test_electra_logs_generator_and_discriminator(tmp_path):
     (tmp_path / "dl" / "MLmodel").write_text("flavors: {}")
     assert model_dir_in(tmp_path / "dl") == tmp_path / "dl" / "artifacts" / "hf"
     assert model_dir_in(plain) == plain
+
+
+def test_register_stage_makes_the_card_summary_the_description_and_logs_the_card(registered):
+    from tasks import registry
+    lc, arts, tracker, pre_run, version = registered
+    run_id = tracker.start_stage("register", arts["register"].fingerprint)
+    assert registry.promote(arts["register"], tracker, run_id, lc) == version
+    mv = tracker.client.get_model_version(NAME, str(version))
+    card = (arts["register"].path / "model_card.md").read_text(encoding="utf-8")
+    first_paragraph = card.split("\n\n")[1].strip()                # after the "# Model card" title
+    assert mv.description == first_paragraph and "unigram baseline" in mv.description
+    assert "Multilingual masked language model" in mv.description
+    logged = {a.path for a in tracker.client.list_artifacts(pre_run, "model_card")}
+    assert f"model_card/v{version}.md" in logged                  # the full card, on the version's run
