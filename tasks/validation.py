@@ -299,26 +299,18 @@ def validate_stage(stage: str, out_dir: Path, manifest: dict, *, sample_rows: in
 
 
 def _data_docs_page(res) -> str:
-    """GE's Data Docs page for one validation result, rendered without a file-backed context (the page
-    loads its styles from public CDNs; offline it shows unstyled, with the same content)."""
+    """GE's Data Docs page for one validation result, rendered without a file-backed context, made to show
+    without internet access (``tasks.validation_html.offline``)."""
     try:
         from great_expectations.render.renderer import ValidationResultsPageRenderer
         from great_expectations.render.view import DefaultJinjaPageView
+        from tasks.validation_html import offline, plain
         for r in res.results:   # GE's num_to_str parses repr(): numpy 2's "np.float64(0.5)" breaks it
-            r.result = _plain(r.result)
-        return DefaultJinjaPageView().render(ValidationResultsPageRenderer().render(res))
+            r.result = plain(r.result)
+        return offline(DefaultJinjaPageView().render(ValidationResultsPageRenderer().render(res)))
     except Exception as exc:  # noqa: BLE001 (a rendering bug must not fail a stage; result.json has it all)
         log.warning("validation: Data Docs page not rendered (%s)", exc)
         return f"<html><body><p>Data Docs rendering failed: {type(exc).__name__}</p></body></html>"
-
-
-def _plain(obj: Any) -> Any:
-    """numpy scalars -> Python numbers, recursively (dicts, lists)."""
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_plain(v) for v in obj)
-    return obj.item() if type(obj).__module__ == "numpy" and hasattr(obj, "item") else obj
 
 
 def _result_row(r, table: str) -> dict:
