@@ -72,35 +72,56 @@ def model_artifacts(pretrain_dir: Path, scratch: Path) -> dict[str, str]:
     return arts
 
 
-def log_and_register(pretrain_dir: Path, run_id: str, name: str, tags: dict, description: str) -> int:
+def log_and_register(pretrain_dir: Path, run_id: str, name: str, tags: dict, description: str,
+                     tracking_uri: str) -> int:
     """Log the pretrain output as a pyfunc model of run ``run_id`` and register it as a new version of ``name``
-    (tags and description on the version). Uses the process's tracking URI (the Tracker sets it)."""
+    (tags and description on the version), in the store at ``tracking_uri``."""
+    import mlflow
+    # Model.log only follows the process-wide URIs: point them at our store for the call, then put them back
+    before = (mlflow.get_tracking_uri(), mlflow.get_registry_uri())
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(tracking_uri)
+    try:
+        model_id, model_uri = _log(pretrain_dir, run_id)
+        # also under our URI: the registry resolves a models:/m-<id> source through the process-wide one
+        return _register(mlflow.MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri), name, model_uri,
+                         model_id, run_id, tags, description)
+    finally:
+        mlflow.set_tracking_uri(before[0])
+        mlflow.set_registry_uri(before[1])
+
+
+def _register(client, name: str, model_uri: str, model_id: str, run_id: str, tags: dict, description: str) -> int:
+    from mlflow.exceptions import MlflowException
+
+    from tasks.tracking_values import _tag_values
+    try:
+        client.create_registered_model(name)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    mv = client.create_model_version(name, source=model_uri, run_id=run_id, tags=_tag_values(tags) or None,
+                                     description=description, model_id=model_id)
+    return int(mv.version)
+
+
+def _log(pretrain_dir: Path, run_id: str) -> tuple[str, str]:
+    """(model id, models:/m-<id> URI) of the pyfunc model logged to ``run_id`` (process-wide tracking URI)."""
     import tempfile
 
     import mlflow
-    import pandas as pd
     from mlflow.models import Model
-
-    from tasks.tracking_values import _tag_values
     with tempfile.TemporaryDirectory(prefix="mlm-pyfunc-") as scratch:
         arts = model_artifacts(pretrain_dir, Path(scratch))
         example = [f"The capital of France is {mask_token(next(iter(arts.values())))}."]
-        client = mlflow.MlflowClient()
         # created in the run's experiment: left to Model.log it lands in the default experiment 0, whose artifacts
         # go to ./mlruns in whatever the current directory is, not to the workdir
-        lm = mlflow.initialize_logged_model(name="model", source_run_id=run_id,
-                                            experiment_id=client.get_run(run_id).info.experiment_id)
+        experiment = mlflow.MlflowClient().get_run(run_id).info.experiment_id
+        lm = mlflow.initialize_logged_model(name="model", source_run_id=run_id, experiment_id=experiment)
         info = Model.log(artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=run_id, model_id=lm.model_id,
                          python_model=str(CODE), artifacts=arts, signature=signature(), input_example=example,
                          pip_requirements=_requirements(), flavor_name="python_function")
-    try:
-        client.create_registered_model(name)
-    except mlflow.exceptions.MlflowException as exc:
-        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
-            raise
-    mv = client.create_model_version(name, source=info.model_uri, run_id=run_id, tags=_tag_values(tags) or None,
-                                     description=description, model_id=info.model_id)
-    return int(mv.version)
+    return info.model_id, info.model_uri
 
 
 def model_dir_in(folder: Path) -> Path:

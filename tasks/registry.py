@@ -63,7 +63,7 @@ def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | 
             "config_fingerprint": art.fingerprint,
             "export": art.manifest.get("export") or "none", "format": "safetensors", "flavor": "python_function",
             "evaluation": "pending"}
-    version = log_and_register(art.path, run_id, name, tags, summary(art.manifest))
+    version = log_and_register(art.path, run_id, name, tags, summary(art.manifest), tracker.uri)
     log.info("registered %s version %s (no alias until it passes evaluation)", name, version)
     return version
 

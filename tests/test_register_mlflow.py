@@ -32,9 +32,14 @@ def registered(pipeline_out):  # noqa: F811
     from tasks import registry
     from tasks.tracking import Tracker
     lc, arts = pipeline_out
+    import mlflow
     tracker = Tracker(lc.config.tracking, lc.workdir)
     run_id = tracker.start_stage("pretrain", arts["pretrain"].fingerprint)
+    elsewhere = lc.workdir.parent / "elsewhere" / "mlflow.db"   # a process-wide URI set by someone else
+    mlflow.set_tracking_uri(f"sqlite:///{elsewhere}")
     version = registry.register_pretrained(arts["pretrain"], tracker, run_id, lc)
+    assert not elsewhere.parent.exists() and mlflow.get_tracking_uri() == f"sqlite:///{elsewhere}"
+    mlflow.set_tracking_uri(tracker.uri)
     return lc, arts, tracker, run_id, version
 
 
@@ -316,3 +321,17 @@ def test_register_stage_makes_the_card_summary_the_description_and_logs_the_card
     assert "Multilingual masked language model" in mv.description
     logged = {a.path for a in tracker.client.list_artifacts(pre_run, "model_card")}
     assert f"model_card/v{version}.md" in logged                  # the full card, on the version's run
+
+
+def test_fill_mask_cli_reads_the_mlflow_model_in_a_fresh_process(registered, tmp_path):
+    """`mlm fill-mask models:/NAME/V` in a new process (no process-wide tracking URI set) finds the version's
+    hf/ folder inside the MLflow model and leaves nothing in the current directory (no ./mlflow.db, ./mlruns)."""
+    lc, arts, tracker, _, version = registered
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, MLM_TRACKING_URI=tracker.uri, HF_HUB_OFFLINE="1", PYTHONPATH=str(repo))
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "fill-mask", f"models:/{NAME}/{version}",
+                          f"a {_mask(arts)} b", "--top-k", "2", "--json"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)[0]) == 2
+    assert list(tmp_path.iterdir()) == []
