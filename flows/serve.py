@@ -407,6 +407,9 @@ def _banner(plan: Plan, seconds: float) -> str:
         f"where); flow runs started from the Prefect UI log to {plan.mlflow_url} (the worker sets MLM_TRACKING_URI).",
         "A config's tracking.uri, $MLM_TRACKING_URI or $PREFECT_API_URL, when set, take precedence.",
     ]
+    if (plan.workdir / "mlflow-server.db").exists():   # what `mlm serve` served before it used the CLI's store
+        lines.append(f"Runs logged to an earlier `mlm serve` stay in {plan.workdir / 'mlflow-server.db'} (not served): "
+                     f"`mlflow ui --backend-store-uri sqlite:///{plan.workdir / 'mlflow-server.db'}` shows them.")
     if plan.host not in LOOPBACK:
         lines.append(f"Bound to {plan.host}: other machines use this host's address instead of "
                      f"{_client_host(plan.host)} (MLflow may need --allowed-hosts, Prefect PREFECT_UI_API_URL).")

@@ -193,7 +193,10 @@ class Tracker:
             c.restore_experiment(exp.experiment_id)
         if exp is not None:
             if EXPERIMENT_KIND_TAG not in (exp.tags or {}):  # training view, not GenAI; a user choice wins
-                c.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+                try:
+                    c.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+                except MlflowException as exc:   # e.g. read-only permission on a shared server: only a view
+                    log.info("experiment %s: kind tag not set (%s)", self.experiment, _first_line(exc))
             return exp.experiment_id
         # an http server decides its own (proxied) artifact store; locally, keep artifacts in the workdir
         location = None if _is_http(self.uri) else str(self.workdir / "mlartifacts")
