@@ -192,8 +192,10 @@ def resolve_model(ref: str, tracking_uri: str | None) -> Iterator[Path]:
                             f"registered models: {', '.join(known) or 'none'}") from None
     from tasks.mlflow_model import model_dir_in
     with tempfile.TemporaryDirectory(prefix="mlm-model-") as dest:
-        # tracking_uri/registry_uri passed explicitly: no process-wide mlflow.set_tracking_uri side effect
-        got = mlflow.artifacts.download_artifacts(artifact_uri=mv.source, dst_path=dest,
+        # tracking_uri/registry_uri passed explicitly: no process-wide mlflow.set_tracking_uri side effect. Not
+        # mv.source (models:/m-<id>): MLflow resolves that through the process-wide tracking URI (./mlflow.db)
+        where = client.get_model_version_download_uri(name, mv.version)
+        got = mlflow.artifacts.download_artifacts(artifact_uri=where, dst_path=dest,
                                                   tracking_uri=tracking_uri, registry_uri=tracking_uri)
         yield model_dir_in(Path(got))     # an MLflow model: its hf/ (or weights/) artifact; old versions: as is
 

@@ -335,3 +335,22 @@ def test_fill_mask_cli_reads_the_mlflow_model_in_a_fresh_process(registered, tmp
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)[0]) == 2
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fill_mask_cli_finds_the_demo_registry_with_no_tracking_uri_set(registered, tmp_path):
+    """The README's `mlm fill-mask models:/NAME@ALIAS` with no --config and no $MLM_TRACKING_URI: the registry
+    is ./.mlm/mlflow.db. MLflow resolves a version's `models:/m-<id>` source through the process-wide tracking
+    URI (its default: ./mlflow.db), so the download must not go through it: found, and no ./mlflow.db left."""
+    lc, arts, tracker, _, version = registered
+    repo = Path(__file__).resolve().parent.parent
+    assert tracker.uri == f"sqlite:///{lc.workdir.resolve()}/mlflow.db"
+    (tmp_path / ".mlm").symlink_to(lc.workdir.resolve(), target_is_directory=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("MLM_TRACKING_URI", "MLFLOW_TRACKING_URI",
+                                                            "MLFLOW_REGISTRY_URI", "PREFECT_API_URL")}
+    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(repo))
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "fill-mask", f"models:/{NAME}/{version}",
+                          f"a {_mask(arts)} b", "--top-k", "2", "--json"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)[0]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".mlm"]
