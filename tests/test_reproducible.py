@@ -20,7 +20,7 @@ import pytest
 
 from conftest import REPO
 
-TINY = ["tokenizer.vocab_size=600", "tokenizer.heldout_docs=20", "shards.seq_len=64",
+TINY = ["tokenizer.vocab_size=700", "tokenizer.heldout_docs=20", "shards.seq_len=64",
         "pretrain.model.max_positions=64", "pretrain.steps=6", "pretrain.batch_size=4", "pretrain.warmup_steps=2",
         "pretrain.log_every=2", "pretrain.eval_every=3", "pretrain.checkpoint_every=3",
         "evaluate.max_sequences=4", "evaluate.pll_sentences=2", "evaluate.finetune.epochs=1"]
