@@ -1,8 +1,8 @@
 """The demo's claims, checked on the demo itself: configs/demo.yaml, its corpus and its own gates, run stage by
 stage in-process (no Prefect).
 
-In CI the pretraining is cut to 20 steps (the demo's 1,200 take ~2.5 min on 2 cores, and zh needs most of them
-to beat its unigram baseline, whose top-1 is ~0.29), which checks:
+In CI the pretraining is cut to 20 steps (the demo's 1,200 take ~2.5 min on 2 cores, and the interval gate needs
+most of them in every language), which checks:
 - every language has >= 500 masked positions in the evaluate stage and >= 500 distinct masked positions in the
   pretrain validation (zh's 5% hash split alone held ~150 tokens: one packed row, 16 positions);
 - the demo's gates include the bootstrap-interval gate in all seven languages, each judged on the evaluate
