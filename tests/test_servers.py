@@ -132,6 +132,8 @@ def _tiny_config(root: Path) -> Path:
            "tokenizer": {"vocab_size": 300, "heldout_docs": 5, "min_vocab_fraction": 0.1,
                          "max_fertility": 50.0, "max_unk_rate": 0.5, "max_fertility_per_lang": {"zh": 100.0}},
            "shards": {"seq_len": 16, "workers": 1},
+           # wiring, not learning: a short pretraining keeps the deployment run well inside its timeout
+           "pretrain": {"steps": 60, "warmup_steps": 10, "eval_every": 60, "checkpoint_every": 60},
            "tracking": {"experiment": "mlm-e2e"}}
     path = root / "tiny.yaml"
     path.write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")  # JSON is YAML
@@ -258,7 +260,7 @@ def test_deployments_end_to_end_with_real_servers(tmp_path):
 
         with prefect_client_settings(api, wd / "prefect"):
             # 1. the full pipeline, as the UI's "Run" button does it
-            fr = run_deployment("mlm-pipeline/default", parameters=params, timeout=180, poll_interval=1)
+            fr = run_deployment("mlm-pipeline/default", parameters=params, timeout=480, poll_interval=1)
             assert fr.state is not None and fr.state.is_completed(), f"{fr.state}\n{_worker_log(wd)}"
 
             exp = client.get_experiment_by_name("mlm-e2e")
