@@ -16,22 +16,23 @@ docs/CONFIG.md and the JSON Schema). ``mlm_core.stages`` derives every stage fin
   none       speed / operations only: in no fingerprint
 A field holding a section (or a dict/list/optional of sections) carries no marker: its own fields do.
 
-This module is a leaf: it imports nothing from the rest of the project except the language table.
+The markers are read, and the fingerprint / trajectory / threshold views built, in ``mlm_core.effects``
+(re-exported here, with the ``Section`` base class).
+
+This module is a leaf: it imports nothing from the rest of the project except the language table and
+``mlm_core.effects``.
 """
 from __future__ import annotations
 
-import typing
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from mlm_core.effects import (  # noqa: F401  (the effect-marker machinery, re-exported: imported from here)
+    EFFECTS, FINGERPRINTED, TRAJECTORY, Section, effect_view, field_effect, fingerprint_view, section_type,
+    threshold_view, trajectory_view,
+)
 from mlm_core.languages import ISO639_1, SCRIPTS, SCRIPTS_BY_LANG as SCRIPTS_BY_LANG_KNOWN
-
-
-class Section(BaseModel):
-    """Base for every config section: frozen, unknown keys forbidden."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class DatasetSource(Section):
@@ -523,82 +524,3 @@ class PipelineConfig(Section):
         src = self.sources[lang]
         return list(src.scripts) if src.scripts else list(SCRIPTS_BY_LANG_KNOWN[lang])
 
-
-
-# ------------------------------------------------------------------------------------------ effect markers
-EFFECTS = ("output", "report", "threshold", "none")
-FINGERPRINTED = frozenset({"output", "report"})      # what a stage fingerprint holds
-TRAJECTORY = frozenset({"output"})                   # what the training-trajectory key holds
-
-
-def section_type(annotation: Any) -> type[Section] | None:
-    """The Section class a field holds (directly, or as Optional / dict value / list item), else None."""
-    if isinstance(annotation, type):
-        return annotation if issubclass(annotation, Section) else None
-    for arg in typing.get_args(annotation):
-        found = section_type(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def field_effect(model: type[BaseModel], name: str) -> str:
-    """A field's declared effect: 'output' / 'report' / 'threshold' / 'none'; 'section' for a field holding sections.
-
-    Raises ValueError for a leaf field without a valid marker (every field must declare one)."""
-    f = model.model_fields[name]
-    extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
-    effect = extra.get("effect")
-    if section_type(f.annotation) is not None:
-        if effect is not None:
-            raise ValueError(f"{model.__name__}.{name} holds a section: its own fields carry the effect markers")
-        return "section"
-    if effect not in EFFECTS:
-        raise ValueError(f"{model.__name__}.{name}: json_schema_extra must declare an effect, one of {EFFECTS} "
-                         f"(got {effect!r}); see the module docstring of mlm_core.config")
-    return effect
-
-
-def _view(value: Any, dumped: Any, effects: frozenset[str], sparse: bool) -> Any:
-    if isinstance(value, Section):
-        out = {}
-        for name in type(value).model_fields:
-            effect = field_effect(type(value), name)
-            if effect == "section":
-                sub = _view(getattr(value, name), dumped[name], effects, sparse)
-                if not (sparse and sub in ({}, None)):
-                    out[name] = sub
-            elif effect in effects:
-                out[name] = dumped[name]
-        return out
-    if isinstance(value, dict):
-        out = {k: _view(v, dumped[k], effects, sparse) for k, v in value.items()}
-        return {k: v for k, v in out.items() if v not in ({}, None)} if sparse else out
-    if isinstance(value, (list, tuple)):
-        return [_view(v, d, effects, sparse) for v, d in zip(value, dumped)]
-    return dumped
-
-
-def effect_view(section: Any, effects: frozenset[str] | set[str], sparse: bool = False) -> Any:
-    """JSON-ready values of the fields of ``section`` (a Section, or a dict/list of them) whose effect is in
-    ``effects``, recursing into nested sections (pretrain.model, pretrain.distributed, sources.<lang>...).
-    ``sparse`` leaves out nested sections with nothing selected (for thresholds, merged into a manifest)."""
-    dumped = ({k: v.model_dump(mode="json") for k, v in section.items()} if isinstance(section, dict)
-              else [v.model_dump(mode="json") for v in section] if isinstance(section, (list, tuple))
-              else section.model_dump(mode="json"))
-    return _view(section, dumped, frozenset(effects), sparse)
-
-
-def fingerprint_view(section: Any) -> Any:
-    """What of ``section`` goes into its stage's fingerprint (effect output or report)."""
-    return effect_view(section, FINGERPRINTED)
-
-
-def trajectory_view(section: Any) -> Any:
-    """What of ``section`` determines the output proper (effect output): the training-trajectory key for pretrain."""
-    return effect_view(section, TRAJECTORY)
-
-
-def threshold_view(section: Any) -> Any:
-    """The data-contract thresholds of ``section`` (effect threshold): checked against the stored output."""
-    return effect_view(section, {"threshold"}, sparse=True)
