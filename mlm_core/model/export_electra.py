@@ -19,8 +19,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from mlm_core.model.encoder import LN_EPS, MLMEncoder
-from mlm_core.model.export import (ExportError, check_exportable, encoder_from_hf, encoder_to_hf,
+from mlm_core.model.encoder import MLMEncoder
+from mlm_core.model.export import (ExportError, check_exportable, encoder_from_hf, encoder_to_hf, hf_config,
                                    write_tokenizer_files)
 from mlm_core.model.sizes import Arch
 
@@ -28,52 +28,47 @@ GENERATOR_DIR, DISCRIMINATOR_DIR = "hf", "hf-discriminator"
 
 
 def electra_config(arch: Arch, role: str) -> dict:
-    """config.json of the matching ``ElectraForMaskedLM`` (role generator) / ``ElectraForPreTraining``."""
-    return {
+    """config.json of the matching ``ElectraForMaskedLM`` (role generator) / ``ElectraForPreTraining``:
+    BERT's (``hf_config``, same key order) with ``embedding_size``; the discriminator's embeddings always tied."""
+    head = {
         "architectures": ["ElectraForMaskedLM" if role == "generator" else "ElectraForPreTraining"],
         "model_type": "electra",
         "vocab_size": arch.vocab_size,
         "embedding_size": arch.emb_dim,
-        "hidden_size": arch.hidden,
-        "num_hidden_layers": arch.layers,
-        "num_attention_heads": arch.heads,
-        "intermediate_size": arch.ffn,
-        "hidden_act": "gelu",                      # exact erf GELU: the blocks and the discriminator head
-        "hidden_dropout_prob": arch.dropout,
-        "attention_probs_dropout_prob": arch.dropout,
-        "max_position_embeddings": arch.max_positions,
-        "type_vocab_size": 1,
-        "initializer_range": 0.02,
-        "layer_norm_eps": LN_EPS,
-        "pad_token_id": arch.pad_id,
-        "tie_word_embeddings": arch.tie_embeddings if role == "generator" else True,
-        "dtype": "float32",
     }
+    cfg = head | {k: v for k, v in hf_config(arch).items() if k not in head}
+    if role != "generator":
+        cfg["tie_word_embeddings"] = True
+    return cfg
+
+
+def _electra_state_dict(model: MLMEncoder, head: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The encoder under "electra." plus the ``head`` tensors (transformers name -> ours), as float32 CPU copies."""
+    sd = model.state_dict()
+    out = encoder_to_hf(model, "electra.") | {theirs: sd[ours] for theirs, ours in head.items()}
+    return {k: v.detach().cpu().float().contiguous().clone() for k, v in out.items()}
 
 
 def generator_to_hf(gen: MLMEncoder) -> dict[str, torch.Tensor]:
-    sd = gen.state_dict()
-    out = encoder_to_hf(gen, "electra.") | {
-        "generator_predictions.dense.weight": sd["head_dense.weight"],
-        "generator_predictions.dense.bias": sd["head_dense.bias"],
-        "generator_predictions.LayerNorm.weight": sd["head_norm.weight"],
-        "generator_predictions.LayerNorm.bias": sd["head_norm.bias"],
-        "generator_lm_head.bias": sd["head_bias"],
+    head = {
+        "generator_predictions.dense.weight": "head_dense.weight",
+        "generator_predictions.dense.bias": "head_dense.bias",
+        "generator_predictions.LayerNorm.weight": "head_norm.weight",
+        "generator_predictions.LayerNorm.bias": "head_norm.bias",
+        "generator_lm_head.bias": "head_bias",
     }
     if not gen.arch.tie_embeddings:                # tied: transformers takes it from the word embeddings
-        out["generator_lm_head.weight"] = sd["decoder.weight"]
-    return {k: v.detach().cpu().float().contiguous().clone() for k, v in out.items()}
+        head["generator_lm_head.weight"] = "decoder.weight"
+    return _electra_state_dict(gen, head)
 
 
 def discriminator_to_hf(disc) -> dict[str, torch.Tensor]:
-    sd = disc.state_dict()
-    out = encoder_to_hf(disc, "electra.") | {
-        "discriminator_predictions.dense.weight": sd["rtd_dense.weight"],
-        "discriminator_predictions.dense.bias": sd["rtd_dense.bias"],
-        "discriminator_predictions.dense_prediction.weight": sd["rtd_out.weight"],
-        "discriminator_predictions.dense_prediction.bias": sd["rtd_out.bias"],
-    }
-    return {k: v.detach().cpu().float().contiguous().clone() for k, v in out.items()}
+    return _electra_state_dict(disc, {
+        "discriminator_predictions.dense.weight": "rtd_dense.weight",
+        "discriminator_predictions.dense.bias": "rtd_dense.bias",
+        "discriminator_predictions.dense_prediction.weight": "rtd_out.weight",
+        "discriminator_predictions.dense_prediction.bias": "rtd_out.bias",
+    })
 
 
 def _write(out_dir: Path, cfg: dict, tensors: dict, tokenizer_file: Path, special_tokens: dict, arch: Arch) -> Path:
