@@ -53,3 +53,20 @@ def write_lines(path: Path, lines: list[str] | bytes, newline: str = "\n") -> Pa
     else:
         path.write_bytes(newline.join(lines).encode("utf-8") + newline.encode())
     return path
+
+
+FOX_EN = "The quick brown fox number {i} jumps over the lazy dog again."
+FOX_RU = "Быстрая лиса номер {i} прыгает через ленивую собаку."
+
+
+def write_en_ru_config(tmp_path: Path, name: str, n_lines: int, **sections) -> Path:
+    """``tmp_path/cfg.yaml``: a two-language pipeline (en, ru: ``n_lines`` numbered fox sentences each, in local
+    files) with one normalize worker and its workdir under ``tmp_path``; ``sections`` are added or replace."""
+    import yaml
+    raw = {"name": name, "workdir": str(tmp_path / "work"),
+           "sources": {"en": {"paths": [str(write_lines(tmp_path / "en.txt", [FOX_EN.format(i=i) for i in range(n_lines)]))]},
+                       "ru": {"paths": [str(write_lines(tmp_path / "ru.txt", [FOX_RU.format(i=i) for i in range(n_lines)]))]}},
+           "normalize": {"workers": 1}} | sections
+    f = tmp_path / "cfg.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    return f

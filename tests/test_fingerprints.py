@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from conftest import REPO, write_lines
+from conftest import REPO, write_en_ru_config
 from mlm_core import stages
 from mlm_core.config import EFFECTS, PipelineConfig, Section, field_effect, section_type
 from mlm_core.configio import ConfigError, load_config
@@ -288,22 +288,11 @@ def test_changing_checkpoint_cadence_midway_resumes(tmp_path, one_torch_thread, 
 
 
 # ------------------------------------------------------------------------------------------------ (c) thresholds
-EN = [f"The quick brown fox number {i} jumps over the lazy dog again." for i in range(40)]
-RU = [f"Быстрая лиса номер {i} прыгает через ленивую собаку." for i in range(40)]
-
-
 @pytest.fixture
 def small_cfg(tmp_path):
-    import yaml
-    raw = {"name": "fptest", "workdir": str(tmp_path / "work"),
-           "sources": {"en": {"paths": [str(write_lines(tmp_path / "en.txt", EN))]},
-                       "ru": {"paths": [str(write_lines(tmp_path / "ru.txt", RU))]}},
-           "normalize": {"workers": 1},
-           "tokenizer": {"vocab_size": 300, "heldout_docs": 5, "min_vocab_fraction": 0.1, "max_fertility": 20},
-           "tracking": {"enabled": False}}
-    f = tmp_path / "cfg.yaml"
-    f.write_text(yaml.safe_dump(raw))
-    return f
+    return write_en_ru_config(tmp_path, "fptest", 40, tracking={"enabled": False},
+                              tokenizer={"vocab_size": 300, "heldout_docs": 5, "min_vocab_fraction": 0.1,
+                                         "max_fertility": 20})
 
 
 def test_threshold_change_revalidates_without_recomputing(small_cfg, prefect_harness, monkeypatch):

@@ -5,22 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import write_lines
-
-EN = [f"The quick brown fox number {i} jumps over the lazy dog again." for i in range(30)]
-RU = [f"Быстрая лиса номер {i} прыгает через ленивую собаку." for i in range(30)]
+from conftest import write_en_ru_config
 
 
 @pytest.fixture
 def cfg_file(tmp_path):
-    import yaml
-    raw = {"name": "views", "workdir": str(tmp_path / "work"),
-           "sources": {"en": {"paths": [str(write_lines(tmp_path / "en.txt", EN))]},
-                       "ru": {"paths": [str(write_lines(tmp_path / "ru.txt", RU))]}},
-           "normalize": {"workers": 1}, "tracking": {"experiment": "views"}}
-    f = tmp_path / "cfg.yaml"
-    f.write_text(yaml.safe_dump(raw))
-    return f
+    return write_en_ru_config(tmp_path, "views", 30, tracking={"experiment": "views"})
 
 
 def summary_of(flow_run_id) -> str:
