@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from mlm_core.effects import (  # noqa: F401  (the effect-marker machinery, re-exported: imported from here)
     EFFECTS, FINGERPRINTED, TRAJECTORY, Section, effect_view, field_effect, fingerprint_view, section_type,
@@ -130,6 +130,21 @@ class NormalizeConfig(Section):
 class TokenizerConfig(Section):
     """Tokenizer training (HF `tokenizers`) on a language-balanced sample of the normalized corpus."""
 
+    # `from` is a Python keyword: the field is from_, read and written as "from" (YAML, --set, dumps, schema)
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, serialize_by_alias=True)
+
+    from_: str | None = Field(
+        default=None, alias="from", description="Use an existing tokenizer instead of training one: a folder with "
+        "tokenizer.json (or Hugging Face tokenizer files: vocab.txt, sentencepiece.bpe.model, vocab.json+merges.txt), "
+        "or models:/NAME@ALIAS / models:/NAME/VERSION from the registry. Fertility and UNK rate are still measured "
+        "on this corpus and checked by the same contract. Its content hash (not the path) enters the fingerprint; "
+        "algorithm/vocab_size/min_frequency/special_tokens/lowercase are then taken from it. Default: "
+        "pretrain.init_from when that is set.", json_schema_extra={"effect": "output"})
+    extend: int = Field(
+        default=0, ge=0, description="With `from`: learn up to this many new tokens from this corpus that the base "
+        "vocabulary lacks (same balanced sample), appended after the existing ids so every old id keeps its "
+        "meaning; pretrain initializes each new embedding as the mean of its base pieces. 0 = off.",
+        json_schema_extra={"effect": "output"})
     algorithm: Literal["bpe", "wordpiece", "unigram"] = Field(
         default="bpe", description="bpe = byte-level BPE (RoBERTa/GPT-2 style, never emits UNK); wordpiece = BERT "
         "style; unigram = SentencePiece/XLM-R style with Metaspace. Unigram trains ~15x slower than BPE.",
@@ -160,6 +175,13 @@ class TokenizerConfig(Section):
     max_fertility_per_lang: dict[str, float] = Field(
         default_factory=dict, description="Per-language overrides of max_fertility (e.g. zh: 8.0, languages without spaces).",
         json_schema_extra={"effect": "threshold"})
+
+
+    @model_validator(mode="after")
+    def _extend(self) -> "TokenizerConfig":
+        if self.extend and self.from_ is None:
+            raise ValueError("tokenizer.extend needs tokenizer.from (the tokenizer whose vocabulary is extended)")
+        return self
 
 
 class ShardsConfig(Section):
@@ -302,6 +324,13 @@ class PretrainConfig(Section):
 
     model: ModelConfig = Field(default_factory=ModelConfig, description="Encoder architecture.")
     masking: MaskingConfig = Field(default_factory=MaskingConfig, description="Corruption of the input.")
+    init_from: str | None = Field(
+        default=None, description="Continue pretraining an existing model instead of a fresh one: a local Hugging Face "
+        "folder (BertForMaskedLM, RobertaForMaskedLM, XLMRobertaForMaskedLM, ElectraForPreTraining + generator; "
+        "safetensors only), a model folder this pipeline wrote, or models:/NAME@ALIAS / models:/NAME/VERSION. The "
+        "architecture, special tokens and max positions come from it (a contradicting pretrain.model value is an "
+        "error naming both); the export goes back to the same family. Its content hash enters the fingerprint.",
+        json_schema_extra={"effect": "output"})
     objective: Literal["mlm", "electra"] = Field(default="mlm", description="mlm, or ELECTRA replaced-token detection.",
         json_schema_extra={"effect": "output"})
     electra: ElectraConfig = Field(default_factory=ElectraConfig, description="ELECTRA options (objective: electra).")
@@ -511,6 +540,11 @@ class PipelineConfig(Section):
             raise ValueError(f"shards.seq_len ({self.shards.seq_len}) exceeds pretrain.model.max_positions "
                              f"({self.pretrain.model.max_positions})")
         return self
+
+    @property
+    def tokenizer_from(self) -> str | None:
+        """The existing tokenizer the tokenizer stage uses: tokenizer.from, else pretrain.init_from's, else None (train one)."""
+        return self.tokenizer.from_ if self.tokenizer.from_ is not None else self.pretrain.init_from
 
     @property
     def tokenizer_alpha(self) -> float:

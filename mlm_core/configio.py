@@ -89,7 +89,8 @@ def _walk_fields(loc: tuple) -> list[str]:
             continue
         if not (isinstance(model, type) and issubclass(model, BaseModel)) or not isinstance(part, str):
             return []
-        field = model.model_fields.get(part)
+        field = model.model_fields.get(part) or next(
+            (f for f in model.model_fields.values() if f.alias == part), None)
         if field is None:
             return []
         inner = _inner_model(field.annotation)
@@ -97,7 +98,8 @@ def _walk_fields(loc: tuple) -> list[str]:
             model, pending_container = inner.model, True
         else:
             model = inner
-    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+    return [f.alias or n for n, f in model.model_fields.items()] if isinstance(model, type) and issubclass(
+        model, BaseModel) else []
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:
@@ -188,7 +190,7 @@ def config_reference_markdown() -> str:
     def walk(model, prefix: str) -> None:
         rows, subs = [], []
         for name, f in model.model_fields.items():
-            key = f"{prefix}{name}"
+            key = f"{prefix}{f.alias or name}"      # tokenizer.from (field from_)
             inner = _inner_model(f.annotation)
             target = inner.model if isinstance(inner, _Container) else inner
             if isinstance(target, type) and issubclass(target, _BM):

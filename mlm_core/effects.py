@@ -59,14 +59,15 @@ def field_effect(model: type[BaseModel], name: str) -> str:
 def _view(value: Any, dumped: Any, effects: frozenset[str], sparse: bool) -> Any:
     if isinstance(value, Section):
         out = {}
-        for name in type(value).model_fields:
+        for name, f in type(value).model_fields.items():
+            key = f.serialization_alias or f.alias or name    # tokenizer.from_ is dumped (and keyed) as "from"
             effect = field_effect(type(value), name)
             if effect == "section":
-                sub = _view(getattr(value, name), dumped[name], effects, sparse)
+                sub = _view(getattr(value, name), dumped[key], effects, sparse)
                 if not (sparse and sub in ({}, None)):
-                    out[name] = sub
+                    out[key] = sub
             elif effect in effects:
-                out[name] = dumped[name]
+                out[key] = dumped[key]
         return out
     if isinstance(value, dict):
         out = {k: _view(v, dumped[k], effects, sparse) for k, v in value.items()}

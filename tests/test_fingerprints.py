@@ -45,7 +45,7 @@ DOWNSTREAM = {"normalize": ["normalize", "tokenizer", "shards", "pretrain", "eva
 def _leaves(model: type[BaseModel], value, prefix: str):
     """(dotted path, model class, field name, current value | _UNSET) for every leaf field."""
     for name, f in model.model_fields.items():
-        path = f"{prefix}{name}"
+        path = f"{prefix}{f.alias or name}"       # tokenizer.from is the field from_
         sub = section_type(f.annotation)
         cur = getattr(value, name) if value is not None else None
         if sub is None:

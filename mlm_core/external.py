@@ -1,0 +1,108 @@
+"""Inputs that come from outside the pipeline: an existing tokenizer (``tokenizer.from``) or model
+(``pretrain.init_from``), given as a local folder or a registry address.
+
+In: a reference string from the config, the config's folder (relative paths are relative to it) and the
+workdir. Out: a local folder, and that folder's *content hash*, which is what enters a stage fingerprint
+(not the path: the same files under another path give the same fingerprint; an alias that moves to another
+version gives a new one).
+
+``mlm_core`` imports no MLflow: registry addresses (``models:/NAME@ALIAS``, ``models:/NAME/VERSION``) are
+resolved by a resolver that the tasks layer registers (``tasks.external.install``); without one, such an
+address is a clear error. A resolver materializes the version once under ``<workdir>/imports/`` and returns
+that folder, so planning, fingerprinting and the stages all read the same local files.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+from mlm_core.errors import MlmError
+
+# prefix -> fn(ref, workdir) -> local folder
+_RESOLVERS: dict[str, Callable[[str, Path], Path]] = {}
+# the files whose bytes define a model or tokenizer folder; anything else (README, .gitattributes, caches) is ignored
+CONTENT_SUFFIXES = (".json", ".safetensors", ".txt", ".model", ".parquet")
+HASH_CACHE = ".mlm-content-hash.json"
+
+
+class ExternalRefError(MlmError, ValueError):
+    """A tokenizer.from / pretrain.init_from reference that does not resolve to a readable folder."""
+
+
+def register_resolver(prefix: str, fn: Callable[[str, Path], Path]) -> None:
+    """Install ``fn`` for references starting with ``prefix`` (e.g. ``"models:/"``); replaces an earlier one."""
+    _RESOLVERS[prefix] = fn
+
+
+def is_registry_ref(ref: str) -> bool:
+    return ref.startswith("models:/")
+
+
+def resolve_ref(ref: str, base_dir: Path | str, workdir: Path | str, field: str) -> Path:
+    """A local folder for ``ref``. ``field`` (e.g. ``pretrain.init_from``) names the key in every error."""
+    for prefix, fn in _RESOLVERS.items():
+        if ref.startswith(prefix):
+            return Path(fn(ref, Path(workdir)))
+    if is_registry_ref(ref):
+        raise ExternalRefError(f"{field}: {ref!r} is a registry address, and no registry resolver is installed "
+                               f"(run through `mlm` or the Prefect flows, which install it), or give a local folder")
+    p = Path(ref).expanduser()
+    if not p.is_absolute():
+        p = Path(base_dir) / p
+    if not p.exists():
+        raise ExternalRefError(f"{field}: {p} does not exist")
+    if not p.is_dir():
+        raise ExternalRefError(f"{field}: {p} is a file; give the folder that holds it")
+    return p.resolve()
+
+
+def _content_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in CONTENT_SUFFIXES
+                  and p.name != HASH_CACHE and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def content_hash(folder: Path | str, cache_dir: Path | str | None = None) -> str:
+    """sha256 over (relative path, sha256) of the folder's content files (``CONTENT_SUFFIXES``), in path order.
+
+    A multi-GB checkpoint is hashed once: the per-file hashes are cached in ``cache_dir`` (default: none) keyed
+    by the folder, each file's size and mtime, and reused while none of them changes.
+    """
+    folder = Path(folder).resolve()
+    files = _content_files(folder)
+    if not files:
+        raise ExternalRefError(f"{folder}: no model or tokenizer files (none of {', '.join(CONTENT_SUFFIXES)})")
+    stamp = [[p.relative_to(folder).as_posix(), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+    cache = None
+    if cache_dir is not None:
+        key = hashlib.sha256(str(folder).encode()).hexdigest()[:16]
+        cache = Path(cache_dir) / f"content-hash-{key}.json"
+        try:
+            got = json.loads(cache.read_text(encoding="utf-8"))
+            if got.get("stamp") == stamp:
+                return got["hash"]
+        except (OSError, ValueError):
+            pass
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.relative_to(folder).as_posix().encode() + b"\0" + _sha256(p).encode() + b"\n")
+    digest = h.hexdigest()
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"folder": str(folder), "stamp": stamp, "hash": digest}), encoding="utf-8")
+        os.replace(tmp, cache)
+    return digest
+
+
+__all__ = ["ExternalRefError", "register_resolver", "resolve_ref", "content_hash", "is_registry_ref"]
