@@ -21,8 +21,8 @@ from typing import Callable
 
 from mlm_core.errors import MlmError
 
-# prefix -> fn(ref, workdir) -> local folder
-_RESOLVERS: dict[str, Callable[[str, Path], Path]] = {}
+# prefix -> fn(ref, lc) -> local folder (lc: the LoadedConfig: its workdir, base_dir and tracking settings)
+_RESOLVERS: dict[str, Callable[[str, object], Path]] = {}
 # the files whose bytes define a model or tokenizer folder; anything else (README, .gitattributes, caches) is ignored
 CONTENT_SUFFIXES = (".json", ".safetensors", ".txt", ".model", ".parquet")
 HASH_CACHE = ".mlm-content-hash.json"
@@ -32,7 +32,7 @@ class ExternalRefError(MlmError, ValueError):
     """A tokenizer.from / pretrain.init_from reference that does not resolve to a readable folder."""
 
 
-def register_resolver(prefix: str, fn: Callable[[str, Path], Path]) -> None:
+def register_resolver(prefix: str, fn: Callable[[str, object], Path]) -> None:
     """Install ``fn`` for references starting with ``prefix`` (e.g. ``"models:/"``); replaces an earlier one."""
     _RESOLVERS[prefix] = fn
 
@@ -41,17 +41,18 @@ def is_registry_ref(ref: str) -> bool:
     return ref.startswith("models:/")
 
 
-def resolve_ref(ref: str, base_dir: Path | str, workdir: Path | str, field: str) -> Path:
-    """A local folder for ``ref``. ``field`` (e.g. ``pretrain.init_from``) names the key in every error."""
+def resolve_ref(ref: str, lc, field: str) -> Path:
+    """A local folder for ``ref``; ``lc`` is the LoadedConfig (relative paths are relative to its base_dir).
+    ``field`` (e.g. ``pretrain.init_from``) names the key in every error."""
     for prefix, fn in _RESOLVERS.items():
         if ref.startswith(prefix):
-            return Path(fn(ref, Path(workdir)))
+            return Path(fn(ref, lc))
     if is_registry_ref(ref):
         raise ExternalRefError(f"{field}: {ref!r} is a registry address, and no registry resolver is installed "
                                f"(run through `mlm` or the Prefect flows, which install it), or give a local folder")
     p = Path(ref).expanduser()
     if not p.is_absolute():
-        p = Path(base_dir) / p
+        p = Path(lc.base_dir) / p
     if not p.exists():
         raise ExternalRefError(f"{field}: {p} does not exist")
     if not p.is_dir():
