@@ -26,6 +26,12 @@ _RESOLVERS: dict[str, Callable[[str, object], Path]] = {}
 # the files whose bytes define a model or tokenizer folder; anything else (README, .gitattributes, caches) is ignored
 CONTENT_SUFFIXES = (".json", ".safetensors", ".txt", ".model", ".parquet")
 HASH_CACHE = ".mlm-content-hash.json"
+# the files of a model folder that define its tokenizer (+ the model config, which names the family): the
+# tokenizer stage taking the tokenizer of pretrain.init_from hashes only these, so continued weights, or a
+# changed weight file, leave the tokenizer (and the shards) as they are
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.txt", "vocab.json", "merges.txt", "sentencepiece.bpe.model", "spiece.model",
+                   "tokenizer.model", "config.json", "model_config.json")
 
 
 class ExternalRefError(MlmError, ValueError):
@@ -60,8 +66,9 @@ def resolve_ref(ref: str, lc, field: str) -> Path:
     return p.resolve()
 
 
-def _content_files(folder: Path) -> list[Path]:
+def _content_files(folder: Path, names: tuple[str, ...] | None = None) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in CONTENT_SUFFIXES
+                  and (names is None or p.name in names)
                   and p.name != HASH_CACHE and not any(part.startswith(".") for part in p.relative_to(folder).parts))
 
 
@@ -73,20 +80,23 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def content_hash(folder: Path | str, cache_dir: Path | str | None = None) -> str:
-    """sha256 over (relative path, sha256) of the folder's content files (``CONTENT_SUFFIXES``), in path order.
+def content_hash(folder: Path | str, cache_dir: Path | str | None = None,
+                 names: tuple[str, ...] | None = None) -> str:
+    """sha256 over (relative path, sha256) of the folder's content files (``CONTENT_SUFFIXES``), in path order;
+    ``names``: only files with these names (e.g. ``TOKENIZER_FILES``).
 
     A multi-GB checkpoint is hashed once: the per-file hashes are cached in ``cache_dir`` (default: none) keyed
     by the folder, each file's size and mtime, and reused while none of them changes.
     """
     folder = Path(folder).resolve()
-    files = _content_files(folder)
+    files = _content_files(folder, names)
     if not files:
-        raise ExternalRefError(f"{folder}: no model or tokenizer files (none of {', '.join(CONTENT_SUFFIXES)})")
+        raise ExternalRefError(f"{folder}: no model or tokenizer files (none of "
+                               f"{', '.join(names) if names else ', '.join('*' + x for x in CONTENT_SUFFIXES)})")
     stamp = [[p.relative_to(folder).as_posix(), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
     cache = None
     if cache_dir is not None:
-        key = hashlib.sha256(str(folder).encode()).hexdigest()[:16]
+        key = hashlib.sha256(f"{folder}\0{names}".encode()).hexdigest()[:16]
         cache = Path(cache_dir) / f"content-hash-{key}.json"
         try:
             got = json.loads(cache.read_text(encoding="utf-8"))
@@ -106,4 +116,23 @@ def content_hash(folder: Path | str, cache_dir: Path | str | None = None) -> str
     return digest
 
 
-__all__ = ["ExternalRefError", "register_resolver", "resolve_ref", "content_hash", "is_registry_ref"]
+def cache_dir(lc) -> Path:
+    """Where content hashes of external folders are cached: ``<workdir>/.cache``."""
+    return Path(lc.workdir) / ".cache"
+
+
+def external_input(lc, ref: str | None, field: str, names: tuple[str, ...] | None = None) -> dict | None:
+    """What a stage fingerprint records for an external reference: {"content_hash": ...} of the folder it
+    resolves to (None when unset), over the files named ``names`` only when given. Not the path or the
+    address: the same files under another path give the same fingerprint, a changed byte (or an alias moved
+    to another version) a new one."""
+    if ref is None:
+        return None
+    try:
+        return {"content_hash": content_hash(resolve_ref(ref, lc, field), cache_dir(lc), names)}
+    except ExternalRefError as e:
+        raise ExternalRefError(str(e) if str(e).startswith(field) else f"{field}: {e}") from None
+
+
+__all__ = ["ExternalRefError", "TOKENIZER_FILES", "register_resolver", "resolve_ref", "content_hash", "is_registry_ref", "cache_dir",
+           "external_input"]

@@ -2,11 +2,12 @@
 
 A stage is a plain function ``run(loaded_config, upstream_artifacts, out_dir) -> manifest fields``.
 Its fingerprint hashes its config section, its upstream fingerprints, its ``code_version`` and (for
-stages reading raw files) a cheap description of the inputs. Which config fields are in the section is
-decided by each field's declared effect (``mlm_core.config``): ``output`` and ``report`` fields are;
-``threshold`` fields are not (they are re-checked against the stored output on every run, see
-``tasks/stage.py``), nor are ``none`` fields (speed, operations). ``output_key`` hashes the ``output``
-fields only, chained through the upstream output keys: pretrain keys its checkpoints by it, so a
+stages reading raw files) a cheap description of the inputs; for an existing tokenizer or checkpoint
+(``tokenizer.from`` / ``pretrain.init_from``) the content hash of its files, not its path. Which config
+fields are in the section is decided by each field's declared effect (``mlm_core.config``): ``output``
+and ``report`` fields are; ``threshold`` fields are not (they are re-checked against the stored output on
+every run, see ``tasks/stage.py``), nor are ``none`` fields (speed, operations). ``output_key`` hashes the
+``output`` fields only, chained through the upstream output keys: pretrain keys its checkpoints by it, so a
 report-only change upstream or in pretrain resumes training instead of restarting it.
 
 ``plan`` computes every stage's fingerprint and status without running anything; ``execute`` runs one
@@ -99,6 +100,37 @@ def _normalize_inputs(lc):
     return input_fingerprint(lc)
 
 
+# Config fields naming a folder outside the pipeline (mlm_core.external): their content hash enters the
+# fingerprint through the stage's ``inputs``; the path or registry address itself does not (the same files
+# under another path give the same fingerprint). The manifest's config still records the reference as written.
+EXTERNAL_REFS = (("tokenizer", "from"), ("pretrain", "init_from"))
+
+
+def _without_refs(view: dict) -> dict:
+    """``view`` with every set external reference replaced by a marker (its content hash is in ``inputs``)."""
+    out = dict(view)
+    for section, key in EXTERNAL_REFS:
+        if isinstance(out.get(section), dict) and out[section].get(key) is not None:
+            out[section] = {**out[section], key: "<content hash in inputs>"}
+    return out
+
+
+def _tokenizer_inputs(lc: LoadedConfig):
+    """The existing tokenizer's content hash (tokenizer.from, else pretrain.init_from's); None: one is trained."""
+    from mlm_core.external import TOKENIZER_FILES, external_input
+    cfg = lc.config
+    field = "tokenizer.from" if cfg.tokenizer.from_ is not None else "pretrain.init_from"
+    got = external_input(lc, cfg.tokenizer_from, field, TOKENIZER_FILES)   # a model folder's weights: not read
+    return None if got is None else {"from": got}
+
+
+def _pretrain_inputs(lc: LoadedConfig):
+    """The initial checkpoint's content hash (pretrain.init_from); None: a fresh model."""
+    from mlm_core.external import external_input
+    got = external_input(lc, lc.config.pretrain.init_from, "pretrain.init_from")
+    return None if got is None else {"init_from": got}
+
+
 def _run_tokenizer(lc, upstream, out_dir):
     from mlm_core.tokenizer import run_tokenizer
     return run_tokenizer(lc, upstream, out_dir)
@@ -160,13 +192,14 @@ STAGES: dict[str, StageSpec] = {
                            inputs=_normalize_inputs, derived=_normalize_scripts,
                            summary="clean, filter and deduplicate the raw corpus per language"),
     "tokenizer": StageSpec("tokenizer", ("normalize",), code_version="2", reads=("tokenizer", "seed"),
-                           run=_run_tokenizer, derived=lambda lc: {"alpha": lc.config.tokenizer_alpha},
+                           run=_run_tokenizer, inputs=_tokenizer_inputs,
+                           derived=lambda lc: {"alpha": lc.config.tokenizer_alpha},
                            summary="train a tokenizer on a language-balanced sample"),
     "shards": StageSpec("shards", ("normalize", "tokenizer"), code_version="2", reads=("shards",), run=_run_shards,
                         derived=lambda lc: {"languages": lc.config.languages},
                         summary="encode, pack and write Arrow shards with the language sampling table"),
     "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), code_version="2",
-                          reads=("pretrain", "seed"), run=_run_pretrain,
+                          reads=("pretrain", "seed"), run=_run_pretrain, inputs=_pretrain_inputs,
                           summary="train the encoder (MLM or ELECTRA), checkpoint, export"),
     "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), code_version="2",
                           reads=("evaluate", "seed"), run=_run_evaluate, inputs=_evaluate_inputs,
@@ -223,8 +256,8 @@ def plan(lc: LoadedConfig, store: StageStore | None = None) -> dict[str, StagePl
         up = {u: out[u].fingerprint for u in spec.upstream}
         section = stage_config(lc, spec.name)
         inputs = spec.inputs(lc) if spec.inputs else None
-        fp = fingerprint(spec.name, spec.code_version, section, up, inputs)
-        key = fingerprint(spec.name, spec.code_version, stage_output_config(lc, spec.name),
+        fp = fingerprint(spec.name, spec.code_version, _without_refs(section), up, inputs)
+        key = fingerprint(spec.name, spec.code_version, _without_refs(stage_output_config(lc, spec.name)),
                           {u: out[u].output_key for u in spec.upstream}, inputs)
         if store.is_complete(spec.name, fp):
             status: Status = "done"

@@ -32,7 +32,8 @@ OWNER = {"sources": "normalize", "normalize": "normalize", "tokenizer": "tokeniz
          "pretrain": "pretrain", "evaluate": "evaluate", "audit": "audit", "registry": "register"}
 # Fields read by an earlier stage than their section's: the seed seeds the tokenizer's sample; the demo leaves
 # tokenizer.sampling_alpha unset, so the tokenizer samples with shards.sampling_alpha.
-OWNER_OVERRIDE = {"seed": "tokenizer", "shards.sampling_alpha": "tokenizer"}
+# pretrain.init_from is also the tokenizer's source when tokenizer.from is unset (the model's own tokenizer).
+OWNER_OVERRIDE = {"seed": "tokenizer", "shards.sampling_alpha": "tokenizer", "pretrain.init_from": "tokenizer"}
 # Hand-written pipeline order and edges, to state "downstream" without asking the code under test.
 DOWNSTREAM = {"normalize": ["normalize", "tokenizer", "shards", "pretrain", "evaluate", "audit", "register"],
               "tokenizer": ["tokenizer", "shards", "pretrain", "evaluate", "audit", "register"],
@@ -120,19 +121,44 @@ def _set(raw: dict, path: str, value) -> None:
     node[last] = value
 
 
-def _raw(tmp: Path) -> dict:
+def _raw(tmp: Path, base: dict | None = None) -> dict:
     raw = BASE.config.model_dump(mode="json")
     raw["workdir"] = str(tmp / "work")
+    for k, v in (base or {}).items():
+        _set(raw, k, v)
     return raw
 
 
-# Values no type-driven guess can produce (a script name must be a real Unicode script).
+# Values no type-driven guess can produce (a script name must be a real Unicode script; an external reference
+# must name a real tokenizer / checkpoint folder: built once per module by the ``external`` fixture).
 SPECIAL = {"sources.ar.scripts": [["Arabic", "Latin"]]}
+EXTERNAL = {"tokenizer.from": "tokenizer", "pretrain.init_from": "checkpoint"}
+# Fields valid only together with another one, set in both the base and the changed config.
+BASE_WITH = {"tokenizer.extend": {"tokenizer.from": "tokenizer"}}
 
 
-def _changed(tmp: Path, path: str, model, name, v):
-    for cand in SPECIAL.get(path) or _candidates(model, name, v):
-        raw = _raw(tmp)
+@pytest.fixture(scope="module")
+def external(tmp_path_factory) -> dict[str, str]:
+    """A tiny WordPiece tokenizer folder and a tiny random BertForMaskedLM folder (tests/hf_tiny.py)."""
+    from conftest import FOX_EN, FOX_RU
+    from hf_tiny import save_tiny, train_tokenizer
+    root = tmp_path_factory.mktemp("external")
+    texts = [FOX_EN.format(i=i) for i in range(20)] + [FOX_RU.format(i=i) for i in range(20)]
+    (root / "tokenizer").mkdir()
+    train_tokenizer("bert", texts, 120).save(str(root / "tokenizer" / "tokenizer.json"))
+    save_tiny(root / "checkpoint", "bert", texts, vocab_size=120)
+    return {"tokenizer": str(root / "tokenizer"), "checkpoint": str(root / "checkpoint")}
+
+
+def _base_with(path: str, external: dict) -> dict:
+    return {k: external[v] for k, v in BASE_WITH.get(path, {}).items()}
+
+
+def _changed(tmp: Path, path: str, model, name, v, external: dict | None = None):
+    base = _base_with(path, external or {})
+    cands = [external[EXTERNAL[path]]] if path in EXTERNAL else SPECIAL.get(path) or _candidates(model, name, v)
+    for cand in cands:
+        raw = _raw(tmp, base)
         _set(raw, path, copy.deepcopy(cand))
         try:
             return load_config(DEMO, raw=raw), cand
@@ -174,12 +200,13 @@ def test_skip_list_is_small():
 
 
 @pytest.mark.parametrize("path,model,name,value", LEAVES, ids=[p for p, *_ in LEAVES])
-def test_field_effect_matches_the_fingerprints(tmp_path, path, model, name, value):
+def test_field_effect_matches_the_fingerprints(tmp_path, path, model, name, value, request):
     if path in SKIPPED:
         pytest.skip(SKIPPED[path])
     from mlm_core.train.loop import train_fingerprint
-    base_lc = load_config(DEMO, raw=_raw(tmp_path))
-    lc, new = _changed(tmp_path, path, model, name, value)
+    ext = request.getfixturevalue("external") if path in EXTERNAL or path in BASE_WITH else {}
+    base_lc = load_config(DEMO, raw=_raw(tmp_path, _base_with(path, ext)))
+    lc, new = _changed(tmp_path, path, model, name, value, ext)
     before, after = stages.plan(base_lc), stages.plan(lc)
     effect = field_effect(model, name)
     changed = {n for n in stages.STAGES if before[n].fingerprint != after[n].fingerprint}
@@ -197,6 +224,59 @@ def test_field_effect_matches_the_fingerprints(tmp_path, path, model, name, valu
         assert same == (effect != "output"), f"{path} ({effect}): trajectory {'kept' if same else 'changed'}"
     if effect == "threshold":
         assert before[OWNER[path.split('.')[0]]].thresholds != after[OWNER[path.split('.')[0]]].thresholds
+
+
+def test_external_folders_enter_by_content_not_path(tmp_path, external):
+    """tokenizer.from / pretrain.init_from: the same files under another path give the same fingerprints (and
+    training trajectory); one changed byte gives new ones, from the stage reading that folder on."""
+    import shutil
+    from types import SimpleNamespace
+
+    from mlm_core.train.stage import trajectory_key
+    a, b = tmp_path / "a" / "ckpt", tmp_path / "elsewhere" / "copy"
+    shutil.copytree(external["checkpoint"], a)
+    shutil.copytree(external["checkpoint"], b)
+
+    def lc_of(ckpt, tok=None):
+        return load_config(DEMO, raw=_raw(tmp_path, {"pretrain.init_from": str(ckpt)} |
+                                          ({"tokenizer.from": str(tok)} if tok else {})))
+
+    def fps(lc):
+        return {n: (p.fingerprint, p.output_key) for n, p in stages.plan(lc).items()}
+
+    up = {u: SimpleNamespace(manifest={"output_key": u * 3}, fingerprint=u) for u in ("shards", "tokenizer")}
+    la, lb = lc_of(a), lc_of(b)
+    assert fps(la) == fps(lb)
+    assert trajectory_key(la, up) == trajectory_key(lb, up)
+    # the manifest still records the reference as written
+    assert stages.plan(lb)["pretrain"].config["pretrain"]["init_from"] == str(b)
+
+    def flip_last_byte(f: Path) -> None:
+        data = bytearray(f.read_bytes())
+        data[-1] ^= 1
+        f.write_bytes(bytes(data))
+
+    flip_last_byte(b / "model.safetensors")          # a weight changes, the tokenizer does not
+    after = fps(lc_of(b))
+    assert {n for n in after if after[n] != fps(la)[n]} == set(DOWNSTREAM["pretrain"])
+    assert trajectory_key(lc_of(b), up) != trajectory_key(la, up)
+    flip_last_byte(b / "tokenizer.json")             # init_from is also the tokenizer's source
+    after = fps(lc_of(b))
+    assert {n for n in after if after[n] != fps(la)[n]} == set(DOWNSTREAM["tokenizer"])
+    # an explicit tokenizer.from decides the tokenizer: a changed byte there, the checkpoint's tokenizer unused
+    tok = tmp_path / "tok"
+    shutil.copytree(external["tokenizer"], tok)
+    base = fps(lc_of(a, tok))
+    flip_last_byte(tok / "tokenizer.json")
+    after = fps(lc_of(a, tok))
+    assert {n for n in after if after[n] != base[n]} == set(DOWNSTREAM["tokenizer"])
+
+
+def test_external_reference_errors_name_the_field(tmp_path):
+    with pytest.raises(Exception, match=r"pretrain\.init_from: .*missing.* does not exist"):
+        stages.plan(load_config(DEMO, raw=_raw(tmp_path, {"pretrain.init_from": str(tmp_path / "missing")})))
+    with pytest.raises(Exception, match=r"tokenizer\.from: 'models:/m@champion' is a registry address"):
+        stages.plan(load_config(DEMO, raw=_raw(tmp_path, {"tokenizer.from": "models:/m@champion"})))
 
 
 def test_issue_examples(tmp_path):

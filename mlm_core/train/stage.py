@@ -45,8 +45,18 @@ def trajectory_key(lc, upstream: dict) -> str:
     # upstream output keys (hash of their "output" fields), so a report-only change upstream (e.g.
     # shards.token_budget) keeps the trajectory; outputs written before output keys fall back to the fingerprint
     ups = {u: upstream[u].manifest.get("output_key") or upstream[u].fingerprint for u in ("shards", "tokenizer")}
-    return config_fingerprint({"train": train_fingerprint(lc.config.pretrain, lc.config.seed), "upstream": ups,
-                               "code_version": STAGES["pretrain"].code_version})
+    cfg = lc.config.pretrain
+    init = _init_input(lc)
+    if init is not None:     # the checkpoint's content hash, not its path: moved files keep the trajectory
+        cfg = cfg.model_copy(update={"init_from": None})
+    key = {"train": train_fingerprint(cfg, lc.config.seed), "upstream": ups,
+           "code_version": STAGES["pretrain"].code_version}
+    return config_fingerprint(key | ({"init_from": init} if init is not None else {}))
+
+
+def _init_input(lc) -> dict | None:
+    from mlm_core.external import external_input
+    return external_input(lc, lc.config.pretrain.init_from, "pretrain.init_from")
 
 
 def default_checkpoint_dir(lc, upstream: dict) -> Path:
