@@ -13,6 +13,7 @@ from pathlib import Path
 
 from flows.serve import add_parsers as add_server_parsers  # stdlib only: `mlm --help` stays instant
 from flows.cli_registry import add_parsers as add_registry_parsers  # stdlib only too
+from flows.cli_compare import add_parser as add_compare_parser  # stdlib only too
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -366,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
         with_config(sp, "--config").set_defaults(func=func)
         sp.add_argument("--json", action="store_true")
 
+    add_compare_parser(sub, with_config)
     c = sub.add_parser("config", help="validate a config or print its JSON Schema")
     csub = c.add_subparsers(dest="config_command", required=True)
     cv = with_config(csub.add_parser("validate", help="parse and check a config file (and that its files exist)"))

@@ -29,11 +29,12 @@ PREFECT_FILE = REPO_ROOT / "deployments" / "prefect.yaml"
 POOL = "mlm-process"
 DEPLOYMENT = "default"            # every deployment is named <flow name>/default
 DEFAULT_CONFIG = "configs/demo.yaml"
+COMPARE_CONFIG = "configs/adapt.yaml"
 CRON = "0 2 * * *"                # nightly, 02:00 UTC
 TIMEZONE = "UTC"
 
 _HEADER = """\
-# Prefect deployments of mlm-pipeline. GENERATED from flows/pipeline.py (pipeline + STAGE_FLOWS) by
+# Prefect deployments of mlm-pipeline. GENERATED from flows/pipeline.py (pipeline + STAGE_FLOWS) and flows/compare.py by
 #   mlm deploy --write-yaml
 # and kept in sync by tests/test_servers.py; edit flows/deploy.py (render_prefect_yaml), not this file,
 # for anything that must survive a regeneration.
@@ -48,11 +49,13 @@ _HEADER = """\
 
 
 def flow_specs() -> list[tuple[str, str, str]]:
-    """``(flow name, entrypoint, description)`` for the full pipeline, then every stage flow in order."""
+    """``(flow name, entrypoint, description)`` for the full pipeline, every stage flow in order, then mlm-compare."""
+    from flows.compare import compare_flow
     from flows.pipeline import STAGE_FLOWS, pipeline
 
     flows = [pipeline, *STAGE_FLOWS.values()]
-    return [(f.name, f"flows/pipeline.py:{f.fn.__name__}", f.description or "") for f in flows]
+    return [(f.name, f"flows/pipeline.py:{f.fn.__name__}", f.description or "") for f in flows] + \
+        [(compare_flow.name, f"flows/compare.py:{compare_flow.fn.__name__}", compare_flow.description or "")]
 
 
 def render_config() -> dict:
@@ -66,7 +69,9 @@ def render_config() -> dict:
             "entrypoint": entrypoint,
             "description": description,
             "tags": ["mlm"],
-            "parameters": {"config_path": DEFAULT_CONFIG},
+            # mlm-compare: before vs after of the adapt demo (its other parameters have defaults too)
+            "parameters": {"config_path": COMPARE_CONFIG if entrypoint.startswith("flows/compare.py")
+                           else DEFAULT_CONFIG},
             "work_pool": {"name": POOL},
             "schedules": [{"cron": CRON, "timezone": TIMEZONE, "active": False}],
         })

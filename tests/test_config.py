@@ -133,7 +133,7 @@ def test_cli_surface_is_frozen():
     from flows.cli import build_parser
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert sorted(sub.choices) == sorted(["run", "status", "verify", "stats", "fill-mask", "evaluate", "audit",
-                                          "config", "serve", "deploy", "sync", "promote", "rollback"])
+                                          "compare", "config", "serve", "deploy", "sync", "promote", "rollback"])
     run_opts = {o for a in sub.choices["run"]._actions for o in a.option_strings}
     assert {"--only", "--from", "--force", "--set"} <= run_opts
     opts = lambda p: {o for a in p._actions for o in a.option_strings}  # noqa: E731
@@ -143,6 +143,7 @@ def test_cli_surface_is_frozen():
     for cmd in ("promote", "rollback"):                       # aliases moved by hand, with the reason recorded
         assert {"--alias", "--reason", "--config"} <= opts(sub.choices[cmd])
     assert {"--version", "--force"} <= opts(sub.choices["promote"])
+    assert {"--config", "--set", "--out", "--json"} <= opts(sub.choices["compare"])   # mlm compare A B --config C
     status_config = next(a for a in sub.choices["status"]._actions if a.dest == "config")
     assert status_config.nargs == "?"                           # `mlm status` alone finds ./mlm.yaml or configs/*.yaml
 

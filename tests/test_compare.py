@@ -1,0 +1,189 @@
+"""`mlm compare`: two models on the same held-out data, B - A, one plot, one MLflow run linking both versions.
+
+Two tiny models of one pipeline (4 vs 80 pretraining steps, same tokenizer and shards); every value of the
+comparison is checked against evaluate_model / run_audit run separately on each model (the code `mlm evaluate`
+and `mlm audit` run), and B - A is recomputed here."""
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, write_lines
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+LANGS = ("en", "ru")
+DEMO = REPO / "configs" / "demo"
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory, shared_data):
+    """normalize -> tokenizer -> shards on ~150 real lines per language, then pretrain twice (4 and 80 steps)."""
+    import yaml
+
+    from mlm_core import stages
+    from mlm_core.configio import load_config
+    root = tmp_path_factory.mktemp("compare")
+    sources = {}
+    for lang in LANGS:
+        lines = [ln for ln in (shared_data / "text" / f"{lang}.txt").read_text(encoding="utf-8").splitlines()
+                 if len(ln) > 40][:150]
+        sources[lang] = {"paths": [str(write_lines(root / f"{lang}.txt", lines))]}
+    raw = {"name": "cmptest", "workdir": str(root / "work"), "sources": sources, "normalize": {"workers": 1},
+           "tokenizer": {"vocab_size": 400, "heldout_docs": 5, "min_vocab_fraction": 0.1, "max_fertility": 20},
+           "shards": {"seq_len": 32, "workers": 1},
+           "pretrain": {"model": {"size": "tiny", "max_positions": 64}, "steps": 4, "batch_size": 8, "lr": 3e-3,
+                        "eval_every": 100, "checkpoint_every": 100, "warmup_steps": 1},
+           "evaluate": {"max_sequences": 8, "pll_sentences": 4,
+                        "classification": {"source_lang": "en", "train": str(DEMO / "parallel.jsonl"),
+                                           "targets": {"ru": str(DEMO / "parallel.jsonl")}},
+                        "finetune": {"epochs": 1}},
+           "audit": {"crows_pairs": {"en": str(DEMO / "bias/crows_pairs_en.csv")},
+                     "templates": {"en": str(DEMO / "bias/templates_en.yaml")}},
+           "tracking": {"experiment": "cmptest"}}
+    cfg = root / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    lc = load_config(cfg)
+    plans = stages.plan(lc)
+    arts = {name: stages.execute(lc, name, plans)[0] for name in ("normalize", "tokenizer", "shards", "pretrain")}
+    lc_b = load_config(cfg, ["pretrain.steps=80"])
+    b = stages.execute(lc_b, "pretrain", stages.plan(lc_b))[0]
+    return {"cfg": cfg, "lc": lc, "arts": arts, "a": arts["pretrain"].path, "b": b.path, "root": root}
+
+
+@pytest.fixture(scope="module")
+def compared(two_models):
+    from tasks.compare import run_compare
+    out = run_compare(str(two_models["cfg"]), str(two_models["a"]), str(two_models["b"]),
+                      out_dir=str(two_models["root"] / "cmp"))
+    return out
+
+
+def _rows(result: dict) -> dict:
+    return {(r["metric"], r["lang"]): r for r in result["rows"]}
+
+
+def test_table_equals_evaluate_and_audit_run_separately(two_models, compared):
+    from mlm_core.audit import run_audit
+    from mlm_core.evaluate.stage import evaluate_model, intrinsic_rows, transfer_rows
+    lc, arts = two_models["lc"], two_models["arts"]
+    rows = _rows(compared["result"])
+    for side, folder in (("a", two_models["a"]), ("b", two_models["b"])):
+        ev = evaluate_model(folder, arts["shards"].path, arts["normalize"].path, lc, None)
+        for r in intrinsic_rows(ev):
+            for metric in ("top1", "pseudo_perplexity", "perplexity", "top5"):
+                assert r[metric] is not None and math.isfinite(r[metric])
+                assert rows[(metric, r["lang"])][side] == pytest.approx(r[metric], rel=1e-9), (side, metric)
+        (tr,) = transfer_rows(ev)        # classification en -> ru
+        assert rows[("classification.score", "ru")][side] == pytest.approx(tr["score"])
+        assert rows[("classification.score", "en")][side] == pytest.approx(tr["source_score"])
+        au = run_audit(folder, lc.config.audit, lc.base_dir)
+        assert rows[("crows.score", "en")][side] == pytest.approx(au["crows"]["en"]["metric_score"])
+        for pair, v in au["templates"]["en"]["delta_bias"].items():
+            assert rows[(f"template.delta_bias.{pair}", "en")][side] == pytest.approx(v)
+        assert rows[("template.kl_to_neutral", "en")][side] == pytest.approx(au["templates"]["en"]["kl_to_neutral_mean"])
+    for lang in LANGS:    # pseudo-perplexity per language is in the table for both models
+        assert ("pseudo_perplexity", lang) in rows
+
+
+def test_delta_is_b_minus_a_and_training_helps(compared):
+    res = compared["result"]
+    for r in res["rows"]:
+        if r["a"] is None or r["b"] is None:
+            assert r["delta"] is None
+        else:
+            assert r["delta"] == pytest.approx(r["b"] - r["a"], abs=1e-12)
+    rows = _rows(res)
+    for lang in LANGS:     # 80 steps vs 4: the held-out text is more predictable
+        assert rows[("pseudo_perplexity", lang)]["b"] < rows[("pseudo_perplexity", lang)]["a"]
+        assert rows[("pseudo_perplexity", lang)]["status"] == "original"    # both trained on en, ru (eval.json)
+    assert res["training_languages"] == [list(LANGS), list(LANGS)]
+
+
+def test_files_png_and_markdown(compared):
+    paths = {k: Path(v) for k, v in compared["paths"].items()}
+    png = paths["png"].read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", png[16:24])       # IHDR: a real image, not an empty file
+    assert width > 300 and height > 200
+    from PIL import Image
+    Image.open(paths["png"]).verify()
+    md = paths["md"].read_text(encoding="utf-8")
+    assert "| metric | lang | status | A | B | B − A |" in md and "pseudo_perplexity" in md
+    saved = json.loads(paths["json"].read_text(encoding="utf-8"))
+    assert saved["rows"] == json.loads(json.dumps(compared["result"]["rows"]))
+
+
+def test_mlflow_run_has_both_refs_and_the_metrics(two_models, compared):
+    from tasks.tracking import _client, resolve_tracking_uri
+    lc = two_models["lc"]
+    run = _client(resolve_tracking_uri(lc.config.tracking, lc.workdir)).get_run(compared["run_id"])
+    assert run.data.tags["model_a"] == str(two_models["a"]) and run.data.tags["model_b"] == str(two_models["b"])
+    assert run.data.tags["model_a.content_hash"] != run.data.tags["model_b.content_hash"]
+    m = run.data.metrics
+    for r in compared["result"]["rows"]:
+        if r["delta"] is not None and r["metric"] in ("top1", "pseudo_perplexity"):
+            assert m[f"a.{r['lang']}.{r['metric']}"] == pytest.approx(r["a"])
+            assert m[f"b.{r['lang']}.{r['metric']}"] == pytest.approx(r["b"])
+            assert m[f"delta.{r['lang']}.{r['metric']}"] == pytest.approx(r["delta"])
+    artifacts = {f.path for f in _client(resolve_tracking_uri(lc.config.tracking, lc.workdir)).list_artifacts(run.info.run_id)}
+    assert {"compare.md", "compare.png", "compare.json"} <= artifacts
+
+
+def test_language_status():
+    from mlm_core.compare import language_status
+    st = language_status(["de", "en", "es"], ["en"], ["de", "en"])
+    assert st == {"de": "new", "en": "original", "es": "unseen"}
+    assert language_status(["en"], None, ["en"]) == {"en": ""}
+
+
+def test_registry_versions_are_resolved_and_linked(two_models, tmp_path):
+    """models:/NAME@ALIAS and models:/NAME/latest: the run records the version numbers and the producing runs."""
+    from tasks import tracking
+    from tasks.compare import run_compare
+    from tasks.mlflow_model import log_and_register
+    lc = two_models["lc"]
+    tr = tracking.Tracker(lc.config.tracking, lc.workdir)
+    versions = []
+    for folder in (two_models["a"], two_models["b"]):
+        run_id = tr.start_stage("pretrain", "f" * 16)
+        tr.log_stage("pretrain", fingerprint="f" * 16, cache_hit=False, params={},
+                     metrics={"en.val_acc": 0.1, "ru.val_acc": 0.1}, run_id=run_id)
+        versions.append(log_and_register(folder, run_id, "cmp-model", {"pretrain_fingerprint": "f" * 16}, "test",
+                                         tr.uri))
+    tracking.set_alias(tr, "cmp-model", "champion", versions[0])
+    out = run_compare(str(two_models["cfg"]), "models:/cmp-model@champion", "models:/cmp-model/latest",
+                      out_dir=str(tmp_path / "reg"))
+    tags = tr.client.get_run(out["run_id"]).data.tags
+    assert tags["model_a"] == "models:/cmp-model@champion" and tags["model_b"] == "models:/cmp-model/latest"
+    assert tags["model_a.version"] == str(versions[0]) and tags["model_b.version"] == str(versions[1])
+    assert tags["model_a.pinned"] == f"models:/cmp-model/{versions[0]}"
+    assert tags["model_a.run_id"] == tr.client.get_model_version("cmp-model", str(versions[0])).run_id
+    assert tags["model_a.training_languages"] == "en,ru"
+    # the same models as the folders: the same numbers
+    by_folder = _rows(json.loads((Path(out["paths"]["json"])).read_text())) 
+    assert by_folder[("top1", "en")]["a"] is not None
+
+
+def test_cli_prints_the_table(two_models, tmp_path, capsys):
+    from flows.cli import main
+    code = main(["compare", str(two_models["a"]), str(two_models["b"]), "--config", str(two_models["cfg"]),
+                 "--set", "tracking.enabled=false", "--out", str(tmp_path / "cli")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "pseudo_perplexity" in out and "B-A" in out and "en (original): pseudo-perplexity" in out
+    assert (tmp_path / "cli" / "compare.png").is_file() and (tmp_path / "cli" / "compare.md").is_file()
+
+
+def test_bad_references_are_clear_errors(two_models, tmp_path, capsys):
+    from flows.cli import main
+    code = main(["compare", str(tmp_path / "nope"), str(two_models["b"]), "--config", str(two_models["cfg"])])
+    err = capsys.readouterr().err
+    assert code != 0 and "nope: no such model folder" in err and "Traceback" not in err
+    code = main(["compare", "models:/no-such-model@champion", str(two_models["b"]), "--config", str(two_models["cfg"])])
+    err = capsys.readouterr().err
+    assert code != 0 and "models:/no-such-model@champion: not found in the registry" in err, err
+    assert "registered models:" in err
