@@ -1,5 +1,6 @@
-"""The encoder model: named sizes (``sizes``), the network and its MLM head (``encoder``), and
-safetensors weights + the Hugging Face ``BertForMaskedLM`` export (``export``).
+"""The encoder model: named sizes (``sizes``), the network and its MLM head (``encoder``),
+safetensors weights + the Hugging Face export (``export``; the transformers names of each family in
+``hf_layout``), and existing checkpoints read into it (``pretrained``).
 
 Importing this package imports torch (the CLI imports it only inside the commands that train).
 """

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlm_core.model.encoder import MLMEncoder
+from mlm_core.model.encoder import MLMEncoder, activation_fn
 from mlm_core.model.sizes import Arch
 
 ELECTRA_MASK_PROB = 0.85     # reference implementation: 85% [MASK], 15% unchanged, 0% random
@@ -44,12 +44,13 @@ class Discriminator(MLMEncoder):
         H = arch.hidden
         self.rtd_dense = nn.Linear(H, H)
         self.rtd_out = nn.Linear(H, 1)
+        self.rtd_act = activation_fn(arch.activation)   # transformers: get_activation(hidden_act); default exact GELU
         for m in (self.rtd_dense, self.rtd_out):
             self._init(m)
 
     def rtd_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Replaced-token logit per hidden vector [..., H] -> [...] (> 0: replaced)."""
-        return self.rtd_out(F.gelu(self.rtd_dense(hidden))).squeeze(-1)
+        return self.rtd_out(self.rtd_act(self.rtd_dense(hidden))).squeeze(-1)
 
     @torch.no_grad()
     def full_rtd_logits(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -16,13 +16,37 @@ more than the rest of the step when only ~15% of positions are predicted.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mlm_core.model.sizes import Arch
 
-LN_EPS = 1e-12  # BERT's LayerNorm epsilon; the export writes the same value
+LN_EPS = 1e-12  # BERT's LayerNorm epsilon (Arch.ln_eps's default); the export writes arch.ln_eps
+
+_SQRT_2_PI = math.sqrt(2.0 / math.pi)
+# transformers' ACT2FN formulas (transformers/activations.py, 5.24), written out so the encoder does not
+# import transformers; tests/test_model.py checks each against ACT2FN
+_ACTIVATIONS = {
+    "gelu": F.gelu,                                                    # exact, erf
+    "gelu_python": lambda x: x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0))),
+    "gelu_new": lambda x: 0.5 * x * (1.0 + torch.tanh(_SQRT_2_PI * (x + 0.044715 * torch.pow(x, 3.0)))),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_python_tanh": lambda x: 0.5 * x * (1.0 + torch.tanh(_SQRT_2_PI * (x + 0.044715 * torch.pow(x, 3.0)))),
+    "gelu_fast": lambda x: 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x))),
+    "gelu_accurate": lambda x: 0.5 * x * (1 + torch.tanh(_SQRT_2_PI * (x + 0.044715 * torch.pow(x, 3)))),
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "gelu_10": lambda x: torch.clip(F.gelu(x), -10, 10),
+    "relu": F.relu, "relu6": F.relu6, "silu": F.silu, "swish": F.silu, "tanh": torch.tanh,
+    "mish": F.mish, "sigmoid": torch.sigmoid,
+}
+
+
+def activation_fn(name: str):
+    """The elementwise function of transformers' ``hidden_act`` ``name`` (Arch.activation)."""
+    return _ACTIVATIONS[name]
 
 
 def sinusoidal_table(n_positions: int, dim: int) -> torch.Tensor:
@@ -87,14 +111,15 @@ class Block(nn.Module):
         super().__init__()
         self.pre_norm = arch.norm == "pre"
         self.attn = SelfAttention(arch)
-        self.attn_norm = nn.LayerNorm(arch.hidden, eps=LN_EPS)
+        self.attn_norm = nn.LayerNorm(arch.hidden, eps=arch.ln_eps)
         self.ffn_in = nn.Linear(arch.hidden, arch.ffn)
         self.ffn_out = nn.Linear(arch.ffn, arch.hidden)
-        self.ffn_norm = nn.LayerNorm(arch.hidden, eps=LN_EPS)
+        self.ffn_norm = nn.LayerNorm(arch.hidden, eps=arch.ln_eps)
         self.drop = nn.Dropout(arch.dropout)
+        self.act = activation_fn(arch.activation)   # default exact (erf) GELU, as BERT's "gelu"
 
     def ffn(self, x):
-        return self.ffn_out(F.gelu(self.ffn_in(x)))  # exact (erf) GELU, as BERT's "gelu"
+        return self.ffn_out(self.act(self.ffn_in(x)))
 
     def forward(self, x, mask, rotary):
         if self.pre_norm:
@@ -114,26 +139,30 @@ class MLMEncoder(nn.Module):
         self._arch = arch
         H, E = arch.hidden, arch.emb_dim
         self.tok_emb = nn.Embedding(arch.vocab_size, E, padding_idx=arch.pad_id)
-        self.type_emb = nn.Embedding(1, E)  # BERT's token-type table with a single row (input is always 0)
+        # token-type table: one row here; an imported checkpoint keeps all its rows (the export writes them back)
+        # but the input is always type 0, as transformers' default token_type_ids
+        self.type_emb = nn.Embedding(arch.type_vocab_size, E)
         if arch.position == "learned":
-            self.pos_emb = nn.Embedding(arch.max_positions, E)
+            # RoBERTa / XLM-R: position ids start at padding_idx + 1 (position_offset); the rows below stay unused
+            self.pos_emb = nn.Embedding(arch.max_positions + arch.position_offset, E)
         elif arch.position == "sinusoidal":  # fixed: a buffer, not saved (rebuilt from the formula)
             self.register_buffer("pos_table", sinusoidal_table(arch.max_positions, E), persistent=False)
         else:  # rotary: no table added to the input; q/k are rotated in every layer
             cos, sin = rotary_cos_sin(arch.max_positions, arch.head_dim)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
-        self.emb_norm = nn.LayerNorm(E, eps=LN_EPS)
+        self.emb_norm = nn.LayerNorm(E, eps=arch.ln_eps)
         if E != H:
             self.emb_proj = nn.Linear(E, H)   # transformers' embeddings_project
         self.drop = nn.Dropout(arch.dropout)
         self.blocks = nn.ModuleList([Block(arch) for _ in range(arch.layers)])
-        self.final_norm = nn.LayerNorm(H, eps=LN_EPS) if arch.norm == "pre" else nn.Identity()
+        self.final_norm = nn.LayerNorm(H, eps=arch.ln_eps) if arch.norm == "pre" else nn.Identity()
         self.has_mlm_head = mlm_head
         if mlm_head:
             # MLM head: transform (dense + GELU + LayerNorm), then the vocabulary projection + bias
             self.head_dense = nn.Linear(H, E)
-            self.head_norm = nn.LayerNorm(E, eps=LN_EPS)
+            self.head_norm = nn.LayerNorm(E, eps=arch.ln_eps)
+            self.head_act = activation_fn(arch.head_activation)
             self.decoder = nn.Linear(E, arch.vocab_size, bias=False)
             self.head_bias = nn.Parameter(torch.zeros(arch.vocab_size))
         self.apply(self._init)
@@ -167,7 +196,10 @@ class MLMEncoder(nn.Module):
         x = self.tok_emb(input_ids) + self.type_emb.weight[0]
         rotary = None
         if self.arch.position == "learned":
-            x = x + self.pos_emb.weight[:T]  # positions 0..T-1 in every row, as BERT
+            # positions 0..T-1 in every row, as BERT; RoBERTa's offset..offset+T-1 (transformers counts only
+            # non-pad tokens: the same at every non-pad position of a right-padded row, which is all we feed)
+            off = self.arch.position_offset
+            x = x + self.pos_emb.weight[off:off + T]
         elif self.arch.position == "sinusoidal":
             x = x + self.pos_table[:T]
         else:
@@ -182,7 +214,7 @@ class MLMEncoder(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """MLM head on hidden vectors [..., H] -> vocabulary logits [..., V]."""
-        h = self.head_norm(F.gelu(self.head_dense(h)))
+        h = self.head_norm(self.head_act(self.head_dense(h)))
         return self.decoder(h) + self.head_bias
 
     def mlm_logits(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -242,4 +274,5 @@ class MLMEncoder(nn.Module):
         return float(body + mask_rate * head)
 
 
-__all__ = ["MLMEncoder", "segment_mask", "sinusoidal_table", "rotary_cos_sin", "apply_rotary", "LN_EPS"]
+__all__ = ["MLMEncoder", "segment_mask", "sinusoidal_table", "rotary_cos_sin", "apply_rotary", "LN_EPS",
+           "activation_fn"]

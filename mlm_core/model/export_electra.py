@@ -16,12 +16,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from mlm_core.model.encoder import MLMEncoder
-from mlm_core.model.export import (ExportError, check_exportable, encoder_from_hf, encoder_to_hf, hf_config,
-                                   write_tokenizer_files)
+from mlm_core.model.export import ExportError, check_exportable, write_tokenizer_files
+from mlm_core.model.hf_layout import arch_from_hf_config, disc_to_hf, hf_config, mlm_to_hf
 from mlm_core.model.sizes import Arch
 
 GENERATOR_DIR, DISCRIMINATOR_DIR = "hf", "hf-discriminator"
@@ -42,33 +41,12 @@ def electra_config(arch: Arch, role: str) -> dict:
     return cfg
 
 
-def _electra_state_dict(model: MLMEncoder, head: dict[str, str]) -> dict[str, torch.Tensor]:
-    """The encoder under "electra." plus the ``head`` tensors (transformers name -> ours), as float32 CPU copies."""
-    sd = model.state_dict()
-    out = encoder_to_hf(model, "electra.") | {theirs: sd[ours] for theirs, ours in head.items()}
-    return {k: v.detach().cpu().float().contiguous().clone() for k, v in out.items()}
-
-
 def generator_to_hf(gen: MLMEncoder) -> dict[str, torch.Tensor]:
-    head = {
-        "generator_predictions.dense.weight": "head_dense.weight",
-        "generator_predictions.dense.bias": "head_dense.bias",
-        "generator_predictions.LayerNorm.weight": "head_norm.weight",
-        "generator_predictions.LayerNorm.bias": "head_norm.bias",
-        "generator_lm_head.bias": "head_bias",
-    }
-    if not gen.arch.tie_embeddings:                # tied: transformers takes it from the word embeddings
-        head["generator_lm_head.weight"] = "decoder.weight"
-    return _electra_state_dict(gen, head)
+    # a generator this pipeline trained has family "bert" (its Arch predates families): ELECTRA's names regardless
+    return mlm_to_hf(gen, family="electra")
 
 
-def discriminator_to_hf(disc) -> dict[str, torch.Tensor]:
-    return _electra_state_dict(disc, {
-        "discriminator_predictions.dense.weight": "rtd_dense.weight",
-        "discriminator_predictions.dense.bias": "rtd_dense.bias",
-        "discriminator_predictions.dense_prediction.weight": "rtd_out.weight",
-        "discriminator_predictions.dense_prediction.bias": "rtd_out.bias",
-    })
+discriminator_to_hf = disc_to_hf
 
 
 def _write(out_dir: Path, cfg: dict, tensors: dict, tokenizer_file: Path, special_tokens: dict, arch: Arch) -> Path:
@@ -96,46 +74,14 @@ def export_electra(gen: MLMEncoder, disc, out_dir: Path, tokenizer_file: Path,
 
 
 def arch_from_electra_config(cfg: dict) -> Arch:
-    E, H = cfg.get("embedding_size", cfg["hidden_size"]), cfg["hidden_size"]
-    return Arch(layers=cfg["num_hidden_layers"], hidden=H, heads=cfg["num_attention_heads"],
-                ffn=cfg["intermediate_size"], dropout=cfg.get("hidden_dropout_prob", 0.1),
-                max_positions=cfg["max_position_embeddings"], position="learned", norm="post",
-                tie_embeddings=cfg.get("tie_word_embeddings", True), vocab_size=cfg["vocab_size"],
-                pad_id=cfg.get("pad_token_id") or 0, embedding_size=E if E != H else None)
+    return arch_from_hf_config(cfg, "electra")
 
 
 def load_electra_export(out_dir: Path):
     """An ``export_electra`` folder back into our classes: the generator as an MLMEncoder, the
     discriminator as a ``Discriminator`` (eval mode)."""
-    from mlm_core.model.electra import Discriminator
-    out_dir = Path(out_dir)
-    cfg = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
-    arch = arch_from_electra_config(cfg)
-    with safe_open(str(out_dir / "model.safetensors"), "pt") as f:
-        hf = {k: f.get_tensor(k) for k in f.keys()}
-    generator = "ElectraForMaskedLM" in cfg.get("architectures", [])
-    try:
-        sd = encoder_from_hf(arch, hf, "electra.")
-        if generator:
-            model = MLMEncoder(arch)
-            sd |= {"head_dense.weight": hf["generator_predictions.dense.weight"],
-                   "head_dense.bias": hf["generator_predictions.dense.bias"],
-                   "head_norm.weight": hf["generator_predictions.LayerNorm.weight"],
-                   "head_norm.bias": hf["generator_predictions.LayerNorm.bias"],
-                   "head_bias": hf["generator_lm_head.bias"],
-                   "decoder.weight": sd["tok_emb.weight"] if arch.tie_embeddings else hf["generator_lm_head.weight"]}
-        else:
-            model = Discriminator(arch)
-            sd |= {"rtd_dense.weight": hf["discriminator_predictions.dense.weight"],
-                   "rtd_dense.bias": hf["discriminator_predictions.dense.bias"],
-                   "rtd_out.weight": hf["discriminator_predictions.dense_prediction.weight"],
-                   "rtd_out.bias": hf["discriminator_predictions.dense_prediction.bias"]}
-    except KeyError as e:
-        raise ExportError(f"{out_dir}/model.safetensors lacks tensor {e}") from e
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise ExportError(f"{out_dir}: weights do not match the architecture (missing {missing}, unexpected {unexpected})")
-    return model.eval()
+    from mlm_core.model.pretrained import load_hf_model
+    return load_hf_model(Path(out_dir)).eval()
 
 
 __all__ = ["export_electra", "load_electra_export", "electra_config", "GENERATOR_DIR", "DISCRIMINATOR_DIR"]

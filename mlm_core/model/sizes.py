@@ -24,6 +24,14 @@ SIZES: dict[str, dict] = {
 }
 
 
+# transformers' hidden_act names the encoder implements (mlm_core.model.encoder.activation_fn)
+ACTIVATIONS = ("gelu", "gelu_python", "gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_fast",
+               "gelu_accurate", "quick_gelu", "gelu_10", "relu", "relu6", "silu", "swish", "tanh", "mish", "sigmoid")
+FAMILIES = ("bert", "roberta", "xlm-roberta", "electra")
+# fields that ``to_dict`` leaves out at their default (added after models were stored without them)
+_OPTIONAL = ("embedding_size", "ln_eps", "activation", "position_offset", "type_vocab_size", "family")
+
+
 class ArchError(MlmError, ValueError):
     """An architecture that cannot be built (heads not dividing hidden, odd rotary head size...)."""
 
@@ -47,6 +55,13 @@ class Arch:
     # discriminator's embeddings: E = the discriminator's width, projected to its own width, as
     # transformers' ElectraConfig.embedding_size); None = hidden (BERT)
     embedding_size: int | None = None
+    # Imported checkpoints (mlm_core.model.pretrained). Defaults = this pipeline's own BERT layout; ``to_dict``
+    # leaves a field out at its default, so the stored JSON of a model built before these existed is unchanged.
+    ln_eps: float = 1e-12          # every LayerNorm's epsilon (config.layer_norm_eps; RoBERTa / XLM-R: 1e-5)
+    activation: str = "gelu"       # FFN activation, transformers' hidden_act name (ACTIVATIONS)
+    position_offset: int = 0       # first position id (RoBERTa / XLM-R: padding_idx + 1); table = max_positions + offset rows
+    type_vocab_size: int = 1       # rows of the token-type table (kept for the export; the forward uses row 0)
+    family: str = "bert"           # transformers family the export writes (FAMILIES); also picks the MLM head's activation
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads:
@@ -60,6 +75,17 @@ class Arch:
                             f"(hidden {self.hidden} / heads {self.heads})")
         if self.embedding_size is not None and self.embedding_size < 1:
             raise ArchError(f"embedding_size must be positive, got {self.embedding_size}")
+        if self.activation not in ACTIVATIONS:
+            raise ArchError(f"unknown activation {self.activation!r} ({', '.join(ACTIVATIONS)})")
+        if self.family not in FAMILIES:
+            raise ArchError(f"unknown model family {self.family!r} ({', '.join(FAMILIES)})")
+        if self.position_offset < 0 or (self.position_offset and self.position != "learned"):
+            raise ArchError(f"position_offset {self.position_offset} needs learned positions and must be >= 0")
+        if self.family in ("roberta", "xlm-roberta") and self.position_offset != self.pad_id + 1:
+            raise ArchError(f"a {self.family} model's positions start at pad_id + 1 = {self.pad_id + 1}, "
+                            f"not {self.position_offset}")
+        if self.type_vocab_size < 1 or not self.ln_eps > 0:
+            raise ArchError(f"type_vocab_size ({self.type_vocab_size}) must be >= 1 and ln_eps ({self.ln_eps}) > 0")
         if not 0 <= self.pad_id < self.vocab_size:
             raise ArchError(f"pad_id {self.pad_id} is outside the vocabulary (size {self.vocab_size})")
 
@@ -72,11 +98,19 @@ class Arch:
         """Width of the embedding tables and of the MLM head's output (E)."""
         return self.embedding_size if self.embedding_size is not None else self.hidden
 
+    @property
+    def head_activation(self) -> str:
+        """The MLM head's activation, as transformers 5.24 computes it: BERT's head uses hidden_act; RoBERTa's
+        and XLM-R's ``lm_head`` and ELECTRA's generator head always use exact (erf) GELU."""
+        return self.activation if self.family == "bert" else "gelu"
+
     def to_dict(self) -> dict:
-        """Plain dict; ``embedding_size`` only when set, so a BERT Arch stored before it existed still matches."""
+        """Plain dict; a field added after the first stored models only when it differs from its default, so
+        a BERT Arch stored before it existed still matches (same JSON, same safetensors metadata)."""
         d = asdict(self)
-        if d["embedding_size"] is None:
-            del d["embedding_size"]
+        for f in fields(self):
+            if f.name in _OPTIONAL and d[f.name] == f.default:
+                del d[f.name]
         return d
 
     @classmethod
