@@ -536,7 +536,9 @@ class PipelineConfig(Section):
             missing = sorted(set(langs) - set(ISO639_1))
             if missing:
                 raise ValueError(f"{key}: {missing} are not ISO 639-1 language codes")
-        if self.shards.seq_len > self.pretrain.model.max_positions:
+        # with init_from the max positions are the checkpoint's unless set here (the pretrain stage checks them)
+        explicit = self.pretrain.init_from is None or "max_positions" in self.pretrain.model.model_fields_set
+        if explicit and self.shards.seq_len > self.pretrain.model.max_positions:
             raise ValueError(f"shards.seq_len ({self.shards.seq_len}) exceeds pretrain.model.max_positions "
                              f"({self.pretrain.model.max_positions})")
         return self

@@ -52,7 +52,10 @@ def resolve_ref(ref: str, lc, field: str) -> Path:
     ``field`` (e.g. ``pretrain.init_from``) names the key in every error."""
     for prefix, fn in _RESOLVERS.items():
         if ref.startswith(prefix):
-            return Path(fn(ref, lc))
+            try:
+                return Path(fn(ref, lc))
+            except MlmError as e:       # the resolver knows the address, not the config key: name it here
+                raise ExternalRefError(f"{field}: {e}") from None
     if is_registry_ref(ref):
         raise ExternalRefError(f"{field}: {ref!r} is a registry address, and no registry resolver is installed "
                                f"(run through `mlm` or the Prefect flows, which install it), or give a local folder")

@@ -46,10 +46,16 @@ _NO_EVAL = tuple(n for n in PretrainConfig.model_fields if field_effect(Pretrain
 
 # ------------------------------------------------------------------------------------------------ models
 def build_model(cfg: PretrainConfig, vocab_size: int, pad_id: int,
-                special_ids: list[int] | None = None) -> tuple[nn.Module, dict]:
+                special_ids: list[int] | None = None, init=None) -> tuple[nn.Module, dict]:
     """(model, arch dict) for cfg.objective; seed torch before calling for a reproducible init.
-    ``special_ids``: ids an ELECTRA generator's sample may never produce (pad always excluded)."""
-    core = objective_for(cfg).build(vocab_size, pad_id, special_ids)
+    ``special_ids``: ids an ELECTRA generator's sample may never produce (pad always excluded).
+    ``init``: an ``init_from.InitSpec`` (pretrain.init_from): the model holds the checkpoint's weights (its
+    shape and vocabulary come from it, not from ``vocab_size`` / ``pad_id``)."""
+    if init is not None:
+        from mlm_core.train.init_from import build
+        core = build(cfg, init, special_ids)
+    else:
+        core = objective_for(cfg).build(vocab_size, pad_id, special_ids)
     return core, objective_for(cfg).arch(core)
 
 

@@ -11,14 +11,20 @@ tokens), ``lc.config.pretrain`` and ``lc.config.seed``. Out (in ``out_dir``):
   tokenizer.json      copied from the tokenizer stage
   metrics.jsonl       one record per log step / eval pass (see ``loop``)
   eval.json           per-language validation loss and masked accuracy, and the unigram baseline accuracy
-  hf/                 a transformers ``BertForMaskedLM`` folder when the architecture exports (else a note);
-                      ELECTRA: ``ElectraForMaskedLM`` (generator) + hf-discriminator/ ``ElectraForPreTraining``
+  hf/                 a transformers folder of the model's family when the architecture exports (else a note):
+                      ``BertForMaskedLM`` for this pipeline's own models; with ``pretrain.init_from`` the
+                      checkpoint's family (RoBERTa in, ``RobertaForMaskedLM`` out; ...). ELECTRA:
+                      ``ElectraForMaskedLM`` (generator) + hf-discriminator/ ``ElectraForPreTraining``
+
+Continued pretraining (``pretrain.init_from``): the model starts from the checkpoint, with its shape, special
+tokens and max positions, the vocabulary grown by the tokenizer stage's extension; which objective continues
+which checkpoint, and every check, are in ``init_from``.
 
 Resume across killed runs and config changes: the store gives each attempt a fresh temporary folder, so
 checkpoints live in a stable folder keyed by the training *trajectory*, not by the stage fingerprint:
 ``<workdir>/pretrain-checkpoints/<trajectory key>/`` (``checkpoints/`` + metrics.jsonl). The key hashes the
 pretrain fields declared ``output`` (``loop.train_fingerprint``: what the weights depend on), the seed, the
-upstream shards/tokenizer output keys and pretrain's code_version. Changing a knob that does not change the
+upstream shards/tokenizer output keys, pretrain's code_version and init_from's content hash (not its path). Changing a knob that does not change the
 weights (checkpoint_every, eval_every, log_every, device, ...) therefore resumes from the newest complete
 checkpoint instead of restarting at step 0. Pass ``checkpoint_dir`` to override.
 Training runs in-process for one process, else under torchrun (``distributed``).
@@ -70,7 +76,7 @@ def _check_inputs(cfg, shards, tok) -> None:
         raise StageError(f"pretrain: the shard set {shards.path} was encoded with tokenizer {got}, but the tokenizer "
                          f"upstream is {tok.fingerprint}: rebuild the shards with this tokenizer")
     seq_len = int(shards.manifest["seq_len"])
-    if seq_len > cfg.model.max_positions:
+    if seq_len > cfg.model.max_positions and cfg.init_from is None:    # init_from: the checkpoint's (init_from.py)
         raise StageError(f"pretrain: shards.seq_len ({seq_len}) exceeds pretrain.model.max_positions "
                          f"({cfg.model.max_positions})")
     if not (Path(tok.path) / "tokenizer.json").is_file():
@@ -102,6 +108,10 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
     cfg, seed = lc.config.pretrain, lc.config.seed
     shards, tok = upstream["shards"], upstream["tokenizer"]
     _check_inputs(cfg, shards, tok)
+    init = None
+    if cfg.init_from is not None:
+        from mlm_core.train.init_from import prepare
+        init = prepare(lc, shards, tok)         # resolved, read and checked before any training
     out_dir = Path(out_dir)
     work.mkdir(parents=True, exist_ok=True)
     specials = shards.manifest["special_tokens"]
@@ -113,7 +123,7 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
     if world == 1:
         ds = ShardDataset(shards, verify=verify, expect_tokenizer_fingerprint=tok.fingerprint)
         torch.manual_seed(seed)
-        model, arch = build_model(cfg, vocab, pad)
+        model, arch = build_model(cfg, vocab, pad, init=init)
         from mlm_core.train.signals import graceful
         with graceful():    # SIGTERM/SIGINT: checkpoint at the next step boundary, then Interrupted
             result = train(cfg, ds, model, work, seed=seed, metrics_cb=metrics_cb)
@@ -121,10 +131,10 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
     else:
         args = {"config": cfg.model_dump(mode="json"), "seed": seed, "shards": str(shards.path),
                 "tokenizer_fingerprint": tok.fingerprint, "verify": verify, "out_dir": str(work),
-                "resume": True, "print_metrics": True}
+                "resume": True, "print_metrics": True, "init": init.to_json() if init else None}
         result = launch(args, cfg.distributed, work / "launch", metrics_cb=metrics_cb)
         torch.manual_seed(seed)
-        model, arch = build_model(cfg, vocab, pad)
+        model, arch = build_model(cfg, vocab, pad, init=init)
         meta = json.loads((Path(result["checkpoint"]) / "meta.json").read_text(encoding="utf-8"))
         sd = dict(load_file(str(Path(result["checkpoint"]) / "model.safetensors")))
         sd |= {alias: sd[target] for alias, target in meta.get("aliases", {}).items()}
@@ -169,6 +179,11 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
     for lg, r in evals.items():
         metrics |= {f"{lg}.val_loss": r["loss"], f"{lg}.val_acc": r["acc"], f"{lg}.baseline_acc": r["baseline_acc"]}
         metrics |= {f"{lg}.val_{k}": r[k] for k in ("disc_acc", "disc_auc", "disc_baseline_acc") if k in r}
+    if init is not None:        # where training started (the content hash is in the fingerprint's inputs)
+        from mlm_core.external import cache_dir, content_hash
+        extra["init_from"] = {"ref": cfg.init_from, "content_hash": content_hash(init.folder, cache_dir(lc)),
+                              "family": (model.disc if electra else encoder).arch.family,
+                              "vocab_size": init.vocab_size, "extended": bool(init.extension)}
     return {"arch": encoder.arch.to_dict(), "objective": cfg.objective, "steps": result["step"],
             "tokens": result["tokens"], "final_loss": result["final_loss"], "eval": evals, "baseline": baseline,
             "beats_baseline": beats, "export": export, "export_note": note,

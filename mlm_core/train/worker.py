@@ -2,7 +2,8 @@
 
 ARGS.json: {"config": PretrainConfig as JSON, "seed": int, "shards": shard folder, "tokenizer_fingerprint":
 str | null, "verify": "once" | "every_open" | "off", "out_dir": working folder (metrics.jsonl, checkpoints/),
-"resume": bool, "stop_after": int | null, "result_file": path | null (rank 0 writes the result there)}.
+"resume": bool, "stop_after": int | null, "result_file": path | null (rank 0 writes the result there),
+"init": ``init_from.InitSpec`` as JSON | null (pretrain.init_from, resolved and checked by the parent)}.
 Without torchrun (no WORLD_SIZE) it trains as a single process. Rank 0 prints each metrics record as
 ``@@MLM_METRICS {json}`` on stdout when ``print_metrics`` is set (the launcher forwards them), every rank
 prints a heartbeat every few seconds, and a failing rank writes its traceback to ``$MLM_ERROR_DIR/rank<r>.txt``.
@@ -34,7 +35,11 @@ def run(args: dict) -> dict:
     specials = {r: int(e["id"]) for r, e in ds.manifest["special_tokens"].items()}
     seed = int(args.get("seed", 0))
     torch.manual_seed(seed)                             # identical initial weights on every rank
-    model, _ = build_model(cfg, int(ds.manifest["vocab_size"]), specials["pad"])
+    init = None
+    if args.get("init"):        # pretrain.init_from: the parent resolved and checked it; build the same model
+        from mlm_core.train.init_from import InitSpec
+        init = InitSpec(**args["init"])
+    model, _ = build_model(cfg, int(ds.manifest["vocab_size"]), specials["pad"], init=init)
 
     def metrics_cb(rec: dict) -> None:
         print(METRICS_PREFIX + json.dumps(rec), flush=True)
