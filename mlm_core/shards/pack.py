@@ -45,6 +45,12 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
+def id_capacity(vocab_size: int) -> int:
+    """How many ids the token dtype chosen for ``vocab_size`` holds (65536 for uint16): the room a
+    vocabulary has to grow (tokenizer.extend) without changing the dtype of its stored ids."""
+    return int(np.iinfo(token_dtype(vocab_size)).max) + 1
+
+
 def segment_dtype(seq_len: int) -> np.dtype:
     """A row holds fewer than seq_len segments, so uint8 is enough up to seq_len 256."""
     return np.dtype(np.uint8) if seq_len <= 256 else np.dtype(np.uint16)

@@ -157,8 +157,11 @@ def continuation_chars(tok: Tokenizer, chars: set[str]) -> list[str]:
     Those are the normalized ``chars`` that the pre-tokenizer keeps inside a word (not spaces,
     punctuation or CJK ideographs): a superset of the ones actually seen after a first character.
     """
-    normalized = {n for c in chars for n in tok.normalizer.normalize_str(c) if not n.isspace()}
+    norm = tok.normalizer.normalize_str if tok.normalizer is not None else str   # (a base tokenizer may have none)
+    normalized = {n for c in chars for n in norm(c) if not n.isspace()}
     pre = tok.pre_tokenizer
+    if pre is None:
+        return sorted(normalized)
     return sorted(c for c in normalized if len(pre.pre_tokenize_str("a" + c)) == 1)
 
 

@@ -1,7 +1,9 @@
 """The tokenizer stage: normalized corpus -> trained tokenizer + quality statistics.
 
 In: the normalize artifact (``docs/<lang>.parquet``, manifest ``languages[lang].chars|bytes``) and the
-``tokenizer`` config section (with ``PipelineConfig.tokenizer_alpha`` and ``seed``). Out (stage folder):
+``tokenizer`` config section (with ``PipelineConfig.tokenizer_alpha`` and ``seed``). With ``tokenizer.from``
+(else ``pretrain.init_from``) an existing tokenizer is used instead of training one (``from_stage.py``:
+same files and manifest keys, plus ``source`` and, with ``tokenizer.extend``, ``extension``). Out (stage folder):
   tokenizer.json         HF ``tokenizers`` file; loads in transformers (PreTrainedTokenizerFast / AutoTokenizer)
   stats.parquet          per language: heldout_docs, words, chars, tokens, tokens_per_word, tokens_per_char,
                          unk_rate, no_spaces (the fertility and UNK limits are thresholds, applied by the contract)
@@ -50,9 +52,13 @@ def _corpus_counts(norm: Artifact, langs: list[str]) -> tuple[dict[str, int], di
 
 
 def run_tokenizer(lc, upstream: dict, out_dir: Path) -> dict:
-    """Train the tokenizer into ``out_dir``; returns the manifest fields (the store adds files and checksums)."""
+    """Train the tokenizer into ``out_dir`` (or take an existing one: ``tokenizer.from`` / ``pretrain.init_from``);
+    returns the manifest fields (the store adds files and checksums)."""
     cfg, pcfg = lc.config.tokenizer, lc.config
     norm: Artifact = upstream["normalize"]
+    if pcfg.tokenizer_from is not None:
+        from mlm_core.tokenizer.from_stage import run_from
+        return run_from(lc, norm, Path(out_dir))
     chars, nbytes = _corpus_counts(norm, pcfg.languages)
     alpha = pcfg.tokenizer_alpha
     sample = train_sample(Path(norm.path), chars, alpha, cfg.sample_mb, cfg.heldout_docs, pcfg.seed, nbytes)
@@ -75,7 +81,7 @@ def run_tokenizer(lc, upstream: dict, out_dir: Path) -> dict:
     langs = heldout_stats(tok, sample.heldout, specials["unk"][1])
     scripts = vocab_scripts(tok, cfg.algorithm, SPECIALS[cfg.special_tokens])
     n_scripts = sum(scripts.values()) or 1
-    _write_tables(out_dir, langs, scripts, n_scripts)
+    write_tables(out_dir, langs, scripts, n_scripts)
     log.info("tokenizer: vocab %d/%d in %.1f s; held-out %s", actual, cfg.vocab_size, train_seconds,
              {lang: round(s["tokens_per_char"] or 0, 3) for lang, s in langs.items()})
     return {
@@ -91,7 +97,7 @@ def run_tokenizer(lc, upstream: dict, out_dir: Path) -> dict:
     }
 
 
-def _write_tables(out_dir: Path, langs: dict, scripts: dict, n_scripts: int) -> None:
+def write_tables(out_dir: Path, langs: dict, scripts: dict, n_scripts: int) -> None:
     # the fertility / UNK limits are thresholds: the data contract takes them from the config in force, so
     # they are not written here (a stored tokenizer's bytes never depend on them)
     rows = [{"lang": lang, **{k: s[k] for k in STATS_SCHEMA.names if k in s}} for lang, s in langs.items()]

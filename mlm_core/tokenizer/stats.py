@@ -109,3 +109,28 @@ def heldout_stats(tok: Tokenizer, heldout: dict[str, list[str]], unk_id: int | N
             "no_spaces": lang in NO_SPACE_LANGS or (words > 0 and chars / words > NO_SPACE_CHARS_PER_WORD),
         }
     return out
+
+
+def fertility(s: dict) -> float | None:
+    """The contract's fertility of one language's stats: tokens per word, per character without spaces."""
+    return s.get("tokens_per_char") if s.get("no_spaces") else s.get("tokens_per_word")
+
+
+def fertility_table(langs: dict[str, dict], limits: dict[str, float] | None = None) -> str:
+    """Per-language fertility and UNK rate as aligned text lines (one language per line, worst first), with
+    each language's limit when ``limits`` is given and "!" where it is over: a tokenizer that fragments one
+    language shows next to the corpus' others."""
+    rows = sorted(langs.items(), key=lambda kv: -(fertility(kv[1]) or 0.0))
+    lines = ["lang  fertility   unit  tokens/char  unk_rate" + ("  limit" if limits else "")]
+    for lang, s in rows:
+        f = fertility(s)
+        lim = (limits or {}).get(lang)
+        over = " !" if f is not None and lim is not None and f > lim else ""
+        lines.append(f"{lang:<5} {_num(f):>9}  {'char' if s.get('no_spaces') else 'word':>5}  "
+                     f"{_num(s.get('tokens_per_char')):>11}  {_num(s.get('unk_rate')):>8}"
+                     + (f"  {_num(lim)}{over}" if limits else ""))
+    return "\n".join(lines)
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
