@@ -212,14 +212,11 @@ def compare_models(folder_a: Path, folder_b: Path, lc, labels: Sequence[str] = (
 
 # ------------------------------------------------------------------------------------------ outputs
 def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    return f"{v:+.4g}" if isinstance(v, float) and v != 0 and abs(v) < 1e-3 else f"{v:.4g}"
+    return "-" if v is None else f"{v:.4g}"
 
 
 def table_markdown(result: dict) -> str:
-    a, b = result["labels"]
-    lines = [f"| metric | lang | status | A | B | B − A | better |", "|---|---|---|---|---|---|---|"]
+    lines = ["| metric | lang | status | A | B | B − A | better |", "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         d = r["delta"]
         lines.append(f"| {r['metric']} | {r['lang']} | {r['status'] or '-'} | {_fmt(r['a'])} | {_fmt(r['b'])} | "
@@ -273,25 +270,32 @@ def plot(result: dict, path: Path) -> Path:
     by = {(r["metric"], r["lang"]): r for r in result["rows"]}
     langs = sorted(result["languages"], key=lambda lg: (STATUS_ORDER.get(result["languages"][lg], 3), lg))
     names = [f"{lg}\n({result['languages'][lg]})" if result["languages"][lg] else lg for lg in langs]
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.3 * len(langs) + 3), 4))
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.3 * len(langs) + 3), 4.6))
     x = list(range(len(langs)))
     for ax, metric, title in ((axes[0], "pseudo_perplexity", "pseudo-perplexity (lower is better)"),
                               (axes[1], "top1", "masked top-1 (higher is better)")):
-        for k, (key, label, color) in enumerate((("a", "A", "#4878d0"), ("b", "B", "#ee854a"))):
+        for k, (key, color) in enumerate((("a", "#4878d0"), ("b", "#ee854a"))):
             vals = [(by.get((metric, lg)) or {}).get(key) for lg in langs]
-            ax.bar([i + (k - 0.5) * 0.4 for i in x], [v if v is not None else 0 for v in vals], 0.4,
-                   label=f"{label}: {result['labels'][k]}"[:60], color=color)
+            bars = ax.bar([i + (k - 0.5) * 0.4 for i in x], [v if v is not None else 0 for v in vals], 0.4,
+                          label=key.upper(), color=color)
+            for bar, v in zip(bars, vals):      # the value on each bar; "n/a" where a model has none
+                ax.annotate("n/a" if v is None else f"{v:.3g}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            ha="center", va="bottom", fontsize=6)
         ax.set_xticks(x, names, fontsize=8)
         ax.set_title(title)
-        if metric == "pseudo_perplexity" and any((by.get((metric, lg)) or {}).get("a") for lg in langs):
-            ax.set_yscale("log")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8)
+    a, b = (_short_label(lbl) for lbl in result["labels"])
+    fig.suptitle(f"A: {a}    B: {b}", fontsize=9)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _short_label(ref: str, width: int = 48) -> str:
+    return ref if len(ref) <= width else "…" + ref[-(width - 1):]
 
 
 def write_outputs(result: dict, out_dir: Path, extra_lines: Sequence[str] = ()) -> dict[str, Path]:

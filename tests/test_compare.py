@@ -178,7 +178,8 @@ def test_cli_prints_the_table(two_models, tmp_path, capsys):
     assert (tmp_path / "cli" / "compare.png").is_file() and (tmp_path / "cli" / "compare.md").is_file()
 
 
-def test_bad_references_are_clear_errors(two_models, tmp_path, capsys):
+def test_bad_references_are_clear_errors(two_models, compared, tmp_path, capsys):
+    """(``compared`` logged to the config's registry, so it exists: the unknown name is what fails.)"""
     from flows.cli import main
     code = main(["compare", str(tmp_path / "nope"), str(two_models["b"]), "--config", str(two_models["cfg"])])
     err = capsys.readouterr().err
@@ -187,3 +188,20 @@ def test_bad_references_are_clear_errors(two_models, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code != 0 and "models:/no-such-model@champion: not found in the registry" in err, err
     assert "registered models:" in err
+
+
+def test_prefect_flow_publishes_the_table(two_models, prefect_harness, tmp_path):
+    """The mlm-compare flow runs the CLI's function and publishes the table as a markdown artifact."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    from flows.compare import compare_flow
+    out = compare_flow(config_path=str(two_models["cfg"]), model_a=str(two_models["a"]), model_b=str(two_models["b"]),
+                       overrides=["tracking.enabled=false"])
+    assert out["published"] is True and out["run_id"] is None          # tracking off: files and artifact only
+    with get_client(sync_client=True) as c:
+        art = c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["model-compare"])),
+                               sort=ArtifactSort.CREATED_DESC, limit=1)[0]
+    assert art.type == "markdown" and "| pseudo_perplexity | en | original |" in art.data, art.data
+    assert Path(out["paths"]["png"]).is_file()
