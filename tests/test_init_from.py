@@ -1,0 +1,240 @@
+"""Continued pretraining from an existing checkpoint (``pretrain.init_from``), through the pipeline's stages.
+
+For each family (bert, roberta, xlm-roberta, electra) a tiny random transformers checkpoint + tokenizer is
+saved in tmp (``hf_tiny``), and normalize -> tokenizer -> shards -> pretrain run through ``mlm_core.stages``
+on a tiny en/ru corpus with pretrain.init_from = that folder:
+  (b) 20 steps lower the MLM loss on the training text: computed here, with transformers, on the same
+      masked rows, for the checkpoint before and the export after (independent of the loop's logging);
+  (c) the export reloads in the checkpoint's own transformers class with logits equal to ours (< 1e-4).
+Step-0 equality (our logits = transformers' before training) is H1's per-family test (test_pretrained.py);
+here the grown vocabulary's new rows are checked at step 0 against the piece means. Plus the cross cases,
+the registry resolver, one run through the Prefect flows, and the bad inputs.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import FOX_EN, FOX_RU, write_en_ru_config
+from hf_tiny import FAMILIES, save_tiny
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+N = 40
+TEXTS = [FOX_EN.format(i=i) for i in range(N)] + [FOX_RU.format(i=i) for i in range(N)]
+STAGES = ("normalize", "tokenizer", "shards", "pretrain")
+PRETRAIN = {"steps": 20, "batch_size": 8, "lr": 3e-3, "warmup_steps": 2, "eval_every": 20, "eval_batches": 1,
+            "checkpoint_every": 20, "log_every": 5, "device": "cpu", "precision": "fp32"}
+CLASSES = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM", "xlm-roberta": "XLMRobertaForMaskedLM",
+           "electra": "ElectraForMaskedLM"}
+
+
+def write_config(tmp: Path, ckpt: Path | str, **sections) -> Path:
+    pre = PRETRAIN | {"init_from": str(ckpt)} | sections.pop("pretrain", {})
+    return write_en_ru_config(tmp, "init-from", N, tracking={"enabled": False},
+                              tokenizer={"heldout_docs": 5, "max_fertility": 30, "max_unk_rate": 0.5,
+                                         **sections.pop("tokenizer", {})},
+                              shards={"seq_len": 32, "validation_fraction": 0.1, **sections.pop("shards", {})},
+                              pretrain=pre, **sections)
+
+
+def run_stages(cfg: Path, overrides: list[str] | None = None, names=STAGES) -> dict:
+    from mlm_core import stages
+    from mlm_core.configio import load_config
+    lc = load_config(cfg, overrides or [])
+    plans = stages.plan(lc)
+    return {n: stages.execute(lc, n, plans)[0] for n in names}
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def masked_rows(shards_art, n_rows: int = 16):
+    """(input_ids, attention_mask, labels): the first training rows of every language with every 5th real
+    non-special token masked (a fixed rule, not the pipeline's masker)."""
+    import numpy as np
+    import torch
+
+    from mlm_core.shards import ShardDataset
+    ds = ShardDataset(shards_art)
+    ids = torch.as_tensor(np.concatenate([ds.input_ids("train", lg)[: n_rows] for lg in sorted(ds.rows_per_lang())]
+                                         ).astype("int64"))
+    sp = ds.manifest["special_tokens"]
+    specials = torch.tensor(sorted(int(e["id"]) for e in sp.values()))
+    real = ids != int(sp["pad"]["id"])
+    cand = real & ~torch.isin(ids, specials)
+    pick = cand & (torch.cumsum(cand.long(), dim=1) % 5 == 0)
+    labels = torch.where(pick, ids, torch.full_like(ids, -100))
+    return ids.masked_fill(pick, int(sp["mask"]["id"])), real.long(), labels
+
+
+def hf_model(folder: Path):
+    import transformers as tf
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    model = getattr(tf, cfg["architectures"][0]).from_pretrained(str(folder))
+    return model.eval()
+
+
+def hf_loss(model, batch) -> float:
+    import torch
+    ids, att, labels = batch
+    with torch.no_grad():
+        return float(model(input_ids=ids, attention_mask=att, labels=labels).loss)
+
+
+@pytest.fixture(scope="module")
+def family_runs(tmp_path_factory):
+    """family -> (checkpoint folder, stage artifacts): one pipeline run per family, shared by the tests."""
+    out = {}
+    for fam in FAMILIES:
+        tmp = tmp_path_factory.mktemp(f"run-{fam}")
+        ckpt = save_tiny(tmp / "ckpt", fam, TEXTS)
+        pre = {"objective": "electra"} if fam == "electra" else {}
+        out[fam] = (ckpt, run_stages(write_config(tmp, ckpt, pretrain=pre)), tmp)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ (b) + (c)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_continued_training_lowers_the_loss_and_exports_the_same_family(family_runs, family):
+    import torch
+
+    from mlm_core.model import load_export
+    ckpt, arts, _ = family_runs[family]
+    pre = arts["pretrain"]
+    assert pre.manifest["steps"] == 20 and pre.manifest["init_from"]["family"] == family
+    batch = masked_rows(arts["shards"])
+    assert int((batch[2] != -100).sum()) > 30
+    before = hf_model(ckpt / "generator" if family == "electra" else ckpt)
+    after = hf_model(pre.path / "hf")
+    assert type(after).__name__ == type(before).__name__ == CLASSES[family]
+    lb, la = hf_loss(before, batch), hf_loss(after, batch)
+    assert la < lb - 0.2, (family, lb, la)
+    # (c) the export's logits equal ours (the pretrain output read back by the pipeline)
+    ours = load_export(pre.path / "hf")
+    ids, att, _ = batch
+    with torch.no_grad():
+        theirs = after(input_ids=ids, attention_mask=att).logits
+        mine = ours.full_logits(ids, (att > 0).long())
+    real = att > 0
+    assert torch.allclose(mine[real], theirs[real], atol=1e-4), float((mine[real] - theirs[real]).abs().max())
+    if family == "electra":
+        disc = hf_model(pre.path / "hf-discriminator")
+        assert type(disc).__name__ == "ElectraForPreTraining"
+
+
+def test_tokenizer_is_the_checkpoints_own(family_runs):
+    """tokenizer.from defaults to init_from: the stage takes the model's tokenizer (same ids, same specials)."""
+    from tokenizers import Tokenizer
+    for fam, (ckpt, arts, _) in family_runs.items():
+        theirs = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+        ours = Tokenizer.from_file(str(arts["tokenizer"].path / "tokenizer.json"))
+        assert ours.get_vocab() == theirs.get_vocab(), fam
+        specials = arts["shards"].manifest["special_tokens"]
+        assert {r: theirs.token_to_id(e["token"]) for r, e in specials.items()} == \
+            {r: int(e["id"]) for r, e in specials.items()}, fam
+
+
+# ------------------------------------------------------------------------------------------------ vocabulary
+def test_extension_rows_are_the_piece_means_at_step_0(tmp_path):
+    """A tokenizer extension (extension.parquet: id, token, pieces) grows the embedding, the untied decoder and
+    the output bias; each new row is the mean of its pieces' rows in the checkpoint (read with transformers)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    from mlm_core.train.init_from import InitSpec, build
+    from mlm_core.config import PretrainConfig
+    ckpt = save_tiny(tmp_path / "ckpt", "bert", TEXTS, tie=False)
+    hf = hf_model(ckpt)
+    V = hf.config.vocab_size
+    rows = [(V, [7, 9]), (V + 1, [11, 12, 13]), (V + 2, [5])]
+    pq.write_table(pa.table({"id": pa.array([r[0] for r in rows], pa.int64()),
+                             "token": ["ab", "cde", "f"],
+                             "pieces": pa.array([r[1] for r in rows], pa.list_(pa.int64()))}), tmp_path / "ext.parquet")
+    model = build(PretrainConfig(), InitSpec(folder=str(ckpt), vocab_size=V + 3, dropout=None,
+                                             extension=str(tmp_path / "ext.parquet")))
+    emb = hf.get_input_embeddings().weight.detach()
+    dec = hf.cls.predictions.decoder.weight.detach()
+    bias = hf.cls.predictions.decoder.bias.detach()     # the bias transformers' forward adds (decoder(h))
+    assert model.tok_emb.weight.shape[0] == model.decoder.weight.shape[0] == model.head_bias.shape[0] == V + 3
+    for i, pieces in rows:
+        assert torch.allclose(model.tok_emb.weight[i], emb[pieces].mean(0), atol=1e-7)
+        assert torch.allclose(model.decoder.weight[i], dec[pieces].mean(0), atol=1e-7)
+        assert torch.allclose(model.head_bias[i], bias[pieces].mean(0), atol=1e-7)
+    assert torch.equal(model.tok_emb.weight[:V].detach(), emb)       # every old id keeps its row
+    assert model.arch.vocab_size == V + 3
+
+
+# ------------------------------------------------------------------------------------------------ cross cases
+def test_bert_checkpoint_with_objective_electra_becomes_the_discriminator(family_runs, tmp_path):
+    """objective electra from a BERT checkpoint: the encoder is the discriminator's (equal tensors at step 0), the
+    generator is fresh at electra.generator_fraction of its width; the export is an ELECTRA pair."""
+    import torch
+
+    from mlm_core.config import PretrainConfig
+    from mlm_core.train.init_from import InitSpec, build
+    ckpt = family_runs["bert"][0]
+    hf = hf_model(ckpt)
+    cfg = PretrainConfig.model_validate({"objective": "electra", "electra": {"generator_fraction": 0.5}})
+    m = build(cfg, InitSpec(folder=str(ckpt), vocab_size=hf.config.vocab_size, dropout=None), [0, 1, 2, 3, 4])
+    assert torch.equal(m.disc.tok_emb.weight.detach(), hf.get_input_embeddings().weight.detach())
+    assert torch.equal(m.disc.blocks[1].ffn_out.weight.detach(), hf.bert.encoder.layer[1].output.dense.weight.detach())
+    assert m.gen.arch.hidden == hf.config.hidden_size // 2 and m.gen.tok_emb is m.disc.tok_emb
+    arts = run_stages(write_config(tmp_path, ckpt, pretrain={"objective": "electra"}))
+    assert hf_model(arts["pretrain"].path / "hf-discriminator").__class__.__name__ == "ElectraForPreTraining"
+
+
+def test_electra_pair_with_objective_mlm_is_refused(family_runs):
+    from mlm_core.errors import StageError
+    ckpt, _, tmp = family_runs["electra"]
+    with pytest.raises(StageError, match="ELECTRA pair .* objective mlm would continue only the small generator"):
+        run_stages(tmp / "cfg.yaml", ["pretrain.objective=mlm"])
+
+
+def test_roberta_with_objective_electra_is_refused(family_runs):
+    from mlm_core.errors import StageError
+    _, _, tmp = family_runs["roberta"]
+    with pytest.raises(StageError, match="padding_idx \\+ 1, which the ELECTRA layout cannot express"):
+        run_stages(tmp / "cfg.yaml", ["pretrain.objective=electra"])
+
+
+# ------------------------------------------------------------------------------------------------ bad inputs
+def test_contradicting_model_shape_is_an_error_naming_both(family_runs):
+    _, _, tmp = family_runs["bert"]
+    with pytest.raises(Exception, match=r"pretrain\.model\.hidden = 64 but the checkpoint has 32"):
+        run_stages(tmp / "cfg.yaml", ["pretrain.model.hidden=64"])
+
+
+def test_seq_len_beyond_the_checkpoints_positions(family_runs):
+    """The config accepts seq_len 96 (max positions come from the checkpoint); the pretrain stage refuses."""
+    from mlm_core.errors import StageError
+    _, _, tmp = family_runs["bert"]
+    with pytest.raises(StageError, match=r"shards\.seq_len \(96\) exceeds the max positions of pretrain\.init_from "
+                                         r".*\(64\)"):
+        run_stages(tmp / "cfg.yaml", ["shards.seq_len=96"])
+
+
+def test_foreign_tokenizer_with_other_special_ids_is_refused(family_runs):
+    """tokenizer.from = the RoBERTa tokenizer (<pad> = 1) with a BERT checkpoint ([PAD] = 0)."""
+    from mlm_core.errors import StageError
+    _, _, tmp = family_runs["bert"]
+    rob = family_runs["roberta"][0]
+    with pytest.raises(StageError, match=r"special tokens differ .*pad: '<pad>' = id 1 .* '\[PAD\]' = id 0"):
+        run_stages(tmp / "cfg.yaml", [f"tokenizer.from={rob}"])
+
+
+def test_registry_address_without_a_registry(family_runs, tmp_path):
+    import flows  # noqa: F401 - installs the models:/ resolver, as every mlm command and flow does
+
+    from mlm_core import stages
+    from mlm_core.configio import load_config
+    from mlm_core.external import ExternalRefError
+    _, _, tmp = family_runs["bert"]
+    with pytest.raises(ExternalRefError, match=r"pretrain\.init_from: models:/tiny@champion needs a model registry, "
+                                               r"but tracking is off \(tracking\.enabled: false\)"):
+        stages.plan(load_config(tmp / "cfg.yaml", ["pretrain.init_from=models:/tiny@champion"]))
+    with pytest.raises(ExternalRefError, match=r"tokenizer\.from: models:/tiny/1: no model registry at .*does not "
+                                               r"exist"):
+        stages.plan(load_config(tmp / "cfg.yaml", ["tokenizer.from=models:/tiny/1", "tracking.enabled=true",
+                                                   f"workdir={tmp_path / 'w'}"]))
