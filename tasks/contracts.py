@@ -7,9 +7,12 @@ The suites themselves are ``schemas/<stage>.suite.json``. No great_expectations 
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from tasks.validation import register_parameters, register_tables
+
+log = logging.getLogger(__name__)
 
 # C0 and C1 control characters (incl. DEL). Cleaning drops them or folds them into spaces, so none may remain.
 CONTROL_RE = r"[\x00-\x1f\x7f-\x9f]"
@@ -56,8 +59,11 @@ def _normalize_tables(out_dir: Path, options: dict) -> dict:
 @register_parameters("tokenizer")
 def _tokenizer_parameters(manifest: dict) -> dict:
     cfg = manifest["config"]["tokenizer"]
-    return {"languages": sorted(manifest["languages"]), "vocab_size": cfg["vocab_size"],
-            "min_vocab_size": int(cfg["min_vocab_fraction"] * cfg["vocab_size"]),
+    size, least = cfg["vocab_size"], int(cfg["min_vocab_fraction"] * cfg["vocab_size"])
+    if manifest.get("source"):   # an existing tokenizer (tokenizer.from): its own size, + up to tokenizer.extend
+        size = int(manifest["vocab_size_requested"])
+        least = int((manifest.get("extension") or {}).get("base_vocab_size", size))
+    return {"languages": sorted(manifest["languages"]), "vocab_size": size, "min_vocab_size": least,
             "special_tokens": [f"{r}={t['token']}:{t['id']}" for r, t in manifest["special_tokens"].items()]}
 
 
@@ -84,6 +90,12 @@ def _tokenizer_tables(out_dir: Path, options: dict) -> dict:
     if "max_fertility" in limits:
         per_lang = limits.get("max_fertility_per_lang") or {}
         stats["max_fertility"] = [float(per_lang.get(lang, limits["max_fertility"])) for lang in stats["lang"]]
+        stats["fertility_to_limit"] = (stats["fertility"].astype("float64") / stats["max_fertility"]).astype("float64")
+        if (stats["fertility_to_limit"] > 1).any():
+            # the failure names the offending language; this shows it next to the corpus' other languages
+            from mlm_core.tokenizer.stats import fertility_table
+            log.warning("tokenizer contract: fertility per language (%s):\n%s", out_dir, fertility_table(
+                manifest["languages"], dict(zip(stats["lang"], stats["max_fertility"]))))
     if "max_unk_rate" in limits:
         stats["max_unk_rate"] = float(limits["max_unk_rate"])
     tok = json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))

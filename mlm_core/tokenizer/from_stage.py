@@ -36,7 +36,7 @@ def _limits(cfg, langs: list[str]) -> dict[str, float]:
 
 
 def run_from(lc, norm: Artifact, out_dir: Path) -> dict:
-    from mlm_core.external import content_hash, resolve_ref
+    from mlm_core.external import TOKENIZER_FILES, cache_dir, content_hash, resolve_ref
     from mlm_core.tokenizer.existing import load_existing
     from mlm_core.tokenizer.extend import EXTENSION_FILE, check_room, extend_tokenizer, extension_table
     from mlm_core.tokenizer.stage import TOKENIZER_FILE, _corpus_counts, write_tables
@@ -80,8 +80,8 @@ def run_from(lc, norm: Artifact, out_dir: Path) -> dict:
     else:
         log.info("tokenizer: %s on this corpus' held-out text:\n%s", folder, table)
 
-    source = {"ref": ref, "content_hash": content_hash(folder, cache_dir=Path(lc.workdir) / ".cache"),
-              "files": base.files}
+    # the hash the stage fingerprint holds (mlm_core.stages: the tokenizer files of the folder only)
+    source = {"ref": ref, "content_hash": content_hash(folder, cache_dir(lc), TOKENIZER_FILES), "files": base.files}
     if base.family:
         source["family"] = base.family
     out = {
