@@ -27,10 +27,13 @@ def load_model_dir(folder: Path):
     if not (folder / "tokenizer.json").is_file():
         raise FillMaskError(f"{folder}: no tokenizer.json (expected a Hugging Face export or a pretrain output folder)")
     if (folder / "config.json").is_file():
-        model = load_export(folder)
-        cfg = json.loads((folder / "special_tokens_map.json").read_text()) if (folder / "special_tokens_map.json").is_file() else {}
-        mask = cfg.get("mask_token")
-        mask = mask["content"] if isinstance(mask, dict) else mask
+        model = load_export(folder)     # any supported family (BERT, RoBERTa, XLM-R, ELECTRA)
+        mask = None
+        # our export writes special_tokens_map.json; transformers 5 writes the names into tokenizer_config.json only
+        for name in ("special_tokens_map.json", "tokenizer_config.json"):
+            if mask is None and (folder / name).is_file():
+                mask = json.loads((folder / name).read_text(encoding="utf-8")).get("mask_token")
+                mask = mask["content"] if isinstance(mask, dict) else mask
     elif (folder / "model.safetensors").is_file():
         model = MLMEncoder(read_arch(folder / "model.safetensors"))
         load_weights(model, folder / "model.safetensors")

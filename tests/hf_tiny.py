@@ -65,8 +65,9 @@ def _specials(family: str) -> dict:
 
 def save_tiny(dest: Path, family: str, texts: list[str], *, seed: int = 0, vocab_size: int = 300,
               max_positions: int = 64, hidden: int = 32, layers: int = 2, heads: int = 2, ffn: int = 64,
-              tie: bool = True, generator_hidden: int = 16) -> Path:
-    """Write a tiny random ``family`` checkpoint + tokenizer to ``dest`` (safetensors); returns ``dest``."""
+              tie: bool = True, generator_hidden: int = 16, config: dict | None = None) -> Path:
+    """Write a tiny random ``family`` checkpoint + tokenizer to ``dest`` (safetensors); returns ``dest``.
+    ``config``: more XConfig fields (layer_norm_eps, hidden_act, type_vocab_size...)."""
     import torch
     import transformers as tf
     dest = Path(dest)
@@ -76,7 +77,7 @@ def save_tiny(dest: Path, family: str, texts: list[str], *, seed: int = 0, vocab
     V = tok.get_vocab_size()
     pad = tok.token_to_id("[PAD]" if family in ("bert", "electra") else "<pad>")
     shape = dict(vocab_size=V, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                 intermediate_size=ffn, pad_token_id=pad, tie_word_embeddings=tie)
+                 intermediate_size=ffn, pad_token_id=pad, tie_word_embeddings=tie, **(config or {}))
     torch.manual_seed(seed)
     if family == "bert":
         models = {dest: tf.BertForMaskedLM(tf.BertConfig(max_position_embeddings=max_positions, **shape))}
@@ -84,8 +85,8 @@ def save_tiny(dest: Path, family: str, texts: list[str], *, seed: int = 0, vocab
         Cfg, Model = ((tf.RobertaConfig, tf.RobertaForMaskedLM) if family == "roberta"
                       else (tf.XLMRobertaConfig, tf.XLMRobertaForMaskedLM))
         # RoBERTa's position ids start at padding_idx + 1: the table holds max_positions + 2 rows
-        models = {dest: Model(Cfg(max_position_embeddings=max_positions + pad + 1, type_vocab_size=1,
-                                  bos_token_id=0, eos_token_id=2, **shape))}
+        models = {dest: Model(Cfg(**({"max_position_embeddings": max_positions + pad + 1, "type_vocab_size": 1,
+                                     "bos_token_id": 0, "eos_token_id": 2} | shape)))}
     else:
         disc = tf.ElectraConfig(max_position_embeddings=max_positions, embedding_size=hidden, **shape)
         gen = tf.ElectraConfig(max_position_embeddings=max_positions, embedding_size=hidden,
@@ -98,6 +99,12 @@ def save_tiny(dest: Path, family: str, texts: list[str], *, seed: int = 0, vocab
             for name, p in model.named_parameters():
                 if name.endswith("bias") or "LayerNorm" in name:
                     p.add_(torch.randn_like(p) * 0.05)
+    if family == "electra":         # ELECTRA trains the pair with one set of embeddings (generator's = discriminator's)
+        with torch.no_grad():
+            gen_emb = models[dest / "generator"].electra.embeddings
+            for name, p in models[dest].electra.embeddings.named_parameters():
+                gen_emb.get_parameter(name).copy_(p)
+    for where, model in models.items():
         model.save_pretrained(where, safe_serialization=True)
         fast.save_pretrained(where)
     return dest

@@ -178,3 +178,33 @@ def test_flops_per_token_is_6n_plus_attention():
         mb = MLMEncoder(base)
     ratio = mb.flops_per_token(128, 0.0) / (6 * mb.num_params())
     assert 1.0 < ratio < 1.1, ratio
+
+
+def test_activations_equal_transformers_act2fn():
+    """Every hidden_act name the encoder implements computes what transformers' ACT2FN does (the reference)."""
+    act2fn = pytest.importorskip("transformers.activations").ACT2FN
+    from mlm_core.model.encoder import activation_fn
+    from mlm_core.model.sizes import ACTIVATIONS
+    x = torch.linspace(-12, 12, 2001)
+    for name in ACTIVATIONS:
+        assert torch.allclose(activation_fn(name)(x), act2fn[name](x), atol=1e-6, rtol=1e-6), name
+
+
+def test_arch_new_fields_are_omitted_at_their_defaults():
+    """A stored BERT Arch (model_config.json, safetensors metadata) keeps its exact keys; an imported RoBERTa
+    Arch carries its fields and reads back equal."""
+    bert = tiny().arch
+    assert set(bert.to_dict()) == {"layers", "hidden", "heads", "ffn", "dropout", "max_positions", "position", "norm",
+                                   "tie_embeddings", "vocab_size", "pad_id"}
+    rob = Arch(**{**bert.to_dict(), "pad_id": 1, "ln_eps": 1e-5, "activation": "gelu_new", "position_offset": 2,
+                  "type_vocab_size": 2, "family": "roberta"})
+    d = rob.to_dict()
+    assert {k: d[k] for k in ("ln_eps", "activation", "position_offset", "type_vocab_size", "family")} == {
+        "ln_eps": 1e-5, "activation": "gelu_new", "position_offset": 2, "type_vocab_size": 2, "family": "roberta"}
+    assert Arch.from_dict(d) == rob
+    m = MLMEncoder(rob)
+    assert m.pos_emb.weight.shape[0] == rob.max_positions + 2 and m.type_emb.weight.shape[0] == 2
+    with pytest.raises(ArchError, match="pad_id"):
+        Arch(**{**d, "position_offset": 0})            # RoBERTa positions start at pad_id + 1
+    with pytest.raises(ArchError, match="activation"):
+        Arch(**{**d, "activation": "swiglu"})
