@@ -305,3 +305,71 @@ def test_contract_reports_fertility_next_to_the_other_languages(bases, corpus, t
         validate_stage("tokenizer", out, bad)
     table = "\n".join(r.getMessage() for r in caplog.records if "fertility per language" in r.getMessage())
     assert all(f"\n{lang} " in table for lang in LANGS) and " !" in table, table
+
+
+@pytest.mark.parametrize("name,extend", [("roberta", 0), ("xlmr", 20)])
+def test_stages_and_shards_with_a_foreign_tokenizer(bases, tmp_path, name, extend):
+    """plan/execute normalize -> tokenizer (from) -> shards: the rows hold the base's ids as transformers
+    encodes each document, framed by the base's own <s> / </s> / <pad>; word starts follow transformers'
+    word ids; masking never draws a special id (XLM-R's <mask> is the last one)."""
+    import numpy as np
+    import pyarrow as pa
+    import torch
+
+    from conftest import write_en_ru_config
+    from mlm_core import stages
+    from mlm_core.config import MaskingConfig
+    from mlm_core.masking import Masker
+    cfg = write_en_ru_config(tmp_path, "from", 40, tokenizer={"from": str(bases[name]), "extend": extend,
+                                                              "heldout_docs": 5, "max_fertility": 50.0},
+                             shards={"seq_len": 128, "validation_fraction": 0.1})
+    lc = load_config(cfg)
+    plans = stages.plan(lc)
+    for stage in ("normalize", "tokenizer", "shards"):
+        art, hit = stages.execute(lc, stage, plans)
+        assert not hit
+    tok_m = stages.plan(lc)["tokenizer"]
+    assert tok_m.status == "done"
+    sm = art.manifest
+    hf = hf_tokenizer(bases[name])
+    sp = {r: v["id"] for r, v in sm["special_tokens"].items()}
+    assert sp == {r: hf.convert_tokens_to_ids(getattr(hf, f"{r}_token")) for r in ROLES}
+    assert sm["vocab_size"] == len(hf) + (extend and stages.StageStore(lc.workdir).load(
+        "tokenizer", tok_m.fingerprint).manifest["extension"]["added"])
+    docs = {t for lang in ("en", "ru") for t in pq.read_table(Path(lc.workdir) / next(
+        (Path(lc.workdir)).glob("normalize/*/docs")).relative_to(lc.workdir) / f"{lang}.parquet").column("text").to_pylist()}
+    segments = 0
+    new_ids = False
+    for shard in sm["shards"]:
+        with pa.memory_map(str(art.path / shard["file"]), "r") as src:
+            t = pa.ipc.open_stream(src).read_all()
+        ids = t.column("input_ids").combine_chunks().flatten().to_numpy().reshape(-1, 128).astype(np.int64)
+        ws = t.column("word_start").combine_chunks().flatten().to_numpy().reshape(-1, 128)
+        assert (ids[:, 0] == sp["cls"]).all() and ids.max() < sm["vocab_size"]
+        new_ids |= bool((ids >= len(hf)).any())
+        for row, starts in zip(ids, ws):
+            seps = np.flatnonzero(row == sp["sep"])
+            for a, b in zip(seps, seps[1:]):          # a whole document between two </s>
+                seg = row[a + 1:b].tolist()
+                if sp["unk"] in seg:                   # (a character the base lacks: no text to compare)
+                    continue
+                text = Tokenizer.from_file(str(Path(tok_m.path) / "tokenizer.json")).decode(seg)
+                assert text in docs, text
+                if not extend:                         # the base's own encoding, and its word boundaries
+                    enc = hf(text, add_special_tokens=False)
+                    assert enc["input_ids"] == seg
+                    wid = enc.word_ids()
+                    assert starts[a + 1:b].tolist() == [int(i == 0 or wid[i] != wid[i - 1]) for i in range(len(wid))]
+                segments += 1
+            assert not set(row[1:].tolist()) & {sp["cls"], sp["mask"]}   # (UNK is content: a character the base lacks)
+    assert segments >= 3
+    assert new_ids == bool(extend)
+    # masking with the manifest's specials: random replacements never produce one (the mask id included)
+    rows = torch.tensor(ids)
+    specials = sorted(sp.values())
+    masker = Masker(MaskingConfig(rate=0.5, mask_token_prob=0.0, random_token_prob=1.0), sm["vocab_size"], specials,
+                    sp["mask"], seed=1)
+    out = masker(rows, torch.ones_like(rows, dtype=torch.uint8), step=0)
+    drawn = out.input_ids[out.selected]
+    assert len(drawn) and not set(drawn.tolist()) & set(specials) and int(drawn.max()) < sm["vocab_size"]
+    assert not (out.selected & torch.isin(rows, torch.tensor(specials))).any()
