@@ -6,7 +6,10 @@ Importing this package imports torch (the CLI imports it only inside the command
 """
 from mlm_core.model.encoder import MLMEncoder
 from mlm_core.model.export import ExportError, export_hf, load_export, load_weights, read_arch, save_weights
+from mlm_core.model.pretrained import (SUPPORTED_ARCHITECTURES, Pretrained, PretrainedError, build_electra,
+                                       build_encoder, check_model_config, read_pretrained)
 from mlm_core.model.sizes import SIZES, Arch, ArchError, resolve_arch
 
 __all__ = ["SIZES", "Arch", "ArchError", "ExportError", "MLMEncoder", "export_hf", "load_export", "load_weights",
-           "read_arch", "resolve_arch", "save_weights"]
+           "read_arch", "resolve_arch", "save_weights", "SUPPORTED_ARCHITECTURES", "Pretrained", "PretrainedError",
+           "build_electra", "build_encoder", "check_model_config", "read_pretrained"]

@@ -58,8 +58,12 @@ class Discriminator(MLMEncoder):
 
 
 def generator_arch(gen: Arch, disc: Arch) -> Arch:
-    """The generator's Arch reading the discriminator's embeddings (E = the discriminator's width)."""
-    return dataclasses.replace(gen, embedding_size=disc.emb_dim if disc.emb_dim != gen.hidden else None)
+    """The generator's Arch reading the discriminator's embeddings (E = the discriminator's width). The shared
+    embedding block also fixes the token-type rows, the position offset and the LayerNorm epsilon (a
+    discriminator imported from a checkpoint), so the generator's Arch describes the tables it really uses."""
+    return dataclasses.replace(gen, embedding_size=disc.emb_dim if disc.emb_dim != gen.hidden else None,
+                               type_vocab_size=disc.type_vocab_size, position_offset=disc.position_offset,
+                               ln_eps=disc.ln_eps)
 
 
 def gumbel_sample(logits: torch.Tensor, disallowed: torch.Tensor | None,

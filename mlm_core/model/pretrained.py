@@ -113,7 +113,9 @@ def _read_config(folder: Path, field: str) -> dict:
 
 def _architecture(cfg: dict, path: Path, field: str) -> str:
     archs = cfg.get("architectures") or []
-    name = archs[0] if archs else None
+    # an old config without "architectures": its model_type names the family (not ELECTRA's: two classes)
+    name = archs[0] if archs else {f: lay.architecture for f, lay in LAYOUTS.items()
+                                   if f != "electra"}.get(cfg.get("model_type"))
     if name not in SUPPORTED_ARCHITECTURES:
         raise PretrainedError(f"{field}: {path} declares architecture {name or cfg.get('model_type')!r}, which is not "
                               f"supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
