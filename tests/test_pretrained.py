@@ -142,7 +142,11 @@ def test_export_same_family_reloads_with_equal_logits_and_fills_masks(folders, c
     back = tf.AutoModelForMaskedLM.from_pretrained(str(out)).eval()
     assert type(back).__name__ == src["architectures"][0]
     ids, mask = _batch(out)
-    assert torch.equal(ids, _batch(folder)[0])            # the tokenizer kept
+    assert torch.equal(ids, _batch(folder)[0])            # the tokenizer kept, with the same special tokens
+    tok_in, tok_out = tf.AutoTokenizer.from_pretrained(str(folder)), tf.AutoTokenizer.from_pretrained(str(out))
+    for role in ("pad", "unk", "cls", "sep", "mask", "bos", "eos"):
+        assert getattr(tok_out, f"{role}_token") == getattr(tok_in, f"{role}_token"), role
+    assert tok_out.model_max_length == p.max_positions
     with torch.no_grad():
         theirs = back(input_ids=ids, attention_mask=mask).logits
     ours = _ours(ours_model, ids, mask)
