@@ -96,16 +96,34 @@ def save_bert_vocab_txt(d: Path) -> Path:
     return d
 
 
-BASES = {"bert": save_bert, "roberta": save_roberta, "xlmr": save_xlmr, "bert_vocab_txt": save_bert_vocab_txt}
+def save_bert_vocab_cased(d: Path) -> Path:
+    """vocab.txt + a tokenizer_config.json naming the class and do_lower_case: false (a cased BERT)."""
+    save_bert_vocab_txt(d)
+    (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": False}),
+                                             encoding="utf-8")
+    return d
+
+
+def save_roberta_files(d: Path) -> Path:
+    """vocab.json + merges.txt only, as older RoBERTa releases ship them."""
+    tmp = save_roberta(d.with_name(d.name + "_src"))
+    d.mkdir()
+    Tokenizer.from_file(str(tmp / "tokenizer.json")).model.save(str(d))
+    return d
+
+
+BASES = {"bert": save_bert, "roberta": save_roberta, "xlmr": save_xlmr, "bert_vocab_txt": save_bert_vocab_txt,
+         "bert_vocab_cased": save_bert_vocab_cased, "roberta_files": save_roberta_files}
 
 
 def hf_tokenizer(folder: Path):
     """transformers' own reading of the folder (vocab.txt alone names no class: BertTokenizer, as
     AutoTokenizer picks for a BERT tokenizer_config)."""
     import transformers
-    if (folder / "tokenizer.json").is_file():
+    if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file():
         return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    return transformers.BertTokenizer.from_pretrained(str(folder), local_files_only=True)
+    cls = transformers.RobertaTokenizer if (folder / "merges.txt").is_file() else transformers.BertTokenizer
+    return cls.from_pretrained(str(folder), local_files_only=True)
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +158,7 @@ def test_from_folder_keeps_the_base_ids_and_specials(bases, corpus, tmp_path, na
     folder = bases[name]
     out, m = run_from(tmp_path, corpus, folder)
     hf = hf_tokenizer(folder)
+    assert m["source"]["files"] == "tokenizer.json" if (folder / "tokenizer.json").is_file() else "converted" in m["source"]["files"]
     for role in ROLES:
         token = getattr(hf, f"{role}_token")
         assert m["special_tokens"][role] == {"token": token, "id": hf.convert_tokens_to_ids(token)}, role
@@ -155,12 +174,14 @@ def test_from_folder_keeps_the_base_ids_and_specials(bases, corpus, tmp_path, na
     assert {r["lang"] for r in stats} == set(LANGS) and all(r["tokens"] > 0 for r in stats)
     # the manifest keys a trained tokenizer has (shards / pretrain / evaluate / model card read them)
     assert {"algorithm", "style", "lowercase", "sample", "languages", "vocab_scripts", "counts"} <= set(m)
-    if name in ("roberta", "xlmr"):
+    if name in ("roberta", "xlmr", "roberta_files"):
         assert m["special_tokens"]["mask"]["id"] == m["vocab_size"] - 1 and m["style"] == "roberta"
     if name == "xlmr":
         assert m["source"]["family"] == "xlm-roberta" and m["algorithm"] == "unigram"
-    if name == "bert_vocab_txt":
-        assert m["lowercase"] and "vocab.txt" in m["source"]["files"]
+    if name.startswith("bert_vocab"):        # transformers' default for a bare vocab.txt lowercases; the config says not to
+        assert m["lowercase"] == (name == "bert_vocab_txt") and "vocab.txt" in m["source"]["files"]
+    if name == "roberta_files":
+        assert m["algorithm"] == "bpe" and "merges.txt" in m["source"]["files"]
 
 
 def _whole_text(token: str, kind: str) -> str | None:
