@@ -177,13 +177,6 @@ class TokenizerConfig(Section):
         json_schema_extra={"effect": "threshold"})
 
 
-    @model_validator(mode="after")
-    def _extend(self) -> "TokenizerConfig":
-        if self.extend and self.from_ is None:
-            raise ValueError("tokenizer.extend needs tokenizer.from (the tokenizer whose vocabulary is extended)")
-        return self
-
-
 class ShardsConfig(Section):
     """Pre-tokenized, packed Arrow IPC shards and the per-language sampling table."""
 
@@ -536,6 +529,9 @@ class PipelineConfig(Section):
             missing = sorted(set(langs) - set(ISO639_1))
             if missing:
                 raise ValueError(f"{key}: {missing} are not ISO 639-1 language codes")
+        if self.tokenizer.extend and self.tokenizer_from is None:    # pretrain.init_from's own tokenizer counts
+            raise ValueError("tokenizer.extend needs tokenizer.from or pretrain.init_from (the tokenizer whose "
+                             "vocabulary is extended)")
         # with init_from the max positions are the checkpoint's unless set here (the pretrain stage checks them)
         explicit = self.pretrain.init_from is None or "max_positions" in self.pretrain.model.model_fields_set
         if explicit and self.shards.seq_len > self.pretrain.model.max_positions:

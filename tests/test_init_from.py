@@ -33,7 +33,7 @@ CLASSES = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM", "xlm-robe
 
 def write_config(tmp: Path, ckpt: Path | str, **sections) -> Path:
     pre = PRETRAIN | {"init_from": str(ckpt)} | sections.pop("pretrain", {})
-    return write_en_ru_config(tmp, "init-from", N, tracking={"enabled": False},
+    return write_en_ru_config(tmp, "init-from", N, tracking=sections.pop("tracking", {"enabled": False}),
                               tokenizer={"heldout_docs": 5, "max_fertility": 30, "max_unk_rate": 0.5,
                                          **sections.pop("tokenizer", {})},
                               shards={"seq_len": 32, "validation_fraction": 0.1, **sections.pop("shards", {})},
@@ -238,3 +238,126 @@ def test_registry_address_without_a_registry(family_runs, tmp_path):
                                                r"exist"):
         stages.plan(load_config(tmp / "cfg.yaml", ["tokenizer.from=models:/tiny/1", "tracking.enabled=true",
                                                    f"workdir={tmp_path / 'w'}"]))
+
+
+# ------------------------------------------------------------------------------------------------ registry
+def test_registry_address_is_imported_once_and_fingerprinted_by_content(family_runs, tmp_path, monkeypatch):
+    """models:/NAME@ALIAS resolves with the config's tracking settings, downloads the version once into
+    <workdir>/imports/models/NAME/vN (reused, re-verified by content hash), and fingerprints as the same files
+    given as a local folder; moving the alias to another version changes pretrain's fingerprint."""
+    import flows  # noqa: F401 - installs the models:/ resolver
+    from mlm_core import stages
+    from mlm_core.configio import load_config
+    from mlm_core.external import content_hash
+    from tasks import external, tracking
+    from tasks.tracking import Tracker
+    ckpt = family_runs["bert"][0]
+    cfg = write_config(tmp_path, "models:/tiny-bert@champion", tracking={"enabled": True})
+    lc = load_config(cfg)
+    tracker = Tracker(lc.config.tracking, lc.workdir)
+
+    def register(folder: Path) -> int:
+        run = tracker.client.create_run(tracker.experiment_id).info.run_id
+        tracker.client.log_artifacts(run, str(folder), "model")
+        version = tracking.register_version(tracker, "tiny-bert", run, "model")
+        tracking.set_alias(tracker, "tiny-bert", "champion", version)
+        return version
+
+    calls = []
+    real = external._download
+    monkeypatch.setattr(external, "_download", lambda *a: calls.append(a[1]) or real(*a))
+    assert register(ckpt) == 1
+    fps = lambda lc: {n: p.fingerprint for n, p in stages.plan(lc).items()}  # noqa: E731
+    first = fps(lc)
+    v1 = lc.workdir / "imports" / "models" / "tiny-bert" / "v1" / "model"     # the version's model folder
+    assert content_hash(v1) == content_hash(ckpt) and calls == [1]
+    assert fps(load_config(cfg, [f"pretrain.init_from={ckpt}"])) == first      # same files, same fingerprints
+    assert fps(lc) == first and calls == [1]                                   # reused, not downloaded again
+    # another version behind the alias: new weights, same tokenizer
+    v2_src = tmp_path / "v2"
+    shutil.copytree(ckpt, v2_src)
+    data = bytearray((v2_src / "model.safetensors").read_bytes())
+    data[-1] ^= 1
+    (v2_src / "model.safetensors").write_bytes(bytes(data))
+    assert register(v2_src) == 2
+    second = fps(lc)
+    assert calls == [1, 2] and {n for n in first if first[n] != second[n]} == \
+        {"pretrain", "evaluate", "audit", "register"}
+    # a damaged import is downloaded again (and fingerprints as the registered files)
+    (lc.workdir / "imports" / "models" / "tiny-bert" / "v2" / "model" / "config.json").write_text("{}")
+    assert fps(lc) == second and calls == [1, 2, 2]
+    assert not [p for p in (lc.workdir / "imports" / "models" / "tiny-bert").iterdir() if p.name.startswith(".tmp")]
+
+
+# ------------------------------------------------------------------------------------------------ Prefect
+def test_prefect_flows_continue_a_checkpoint_and_then_its_registered_version(family_runs, tmp_path, prefect_harness):
+    """Through the stage flows (contracts, MLflow, registry): continue the tiny RoBERTa, which registers the result
+    as version 1; then continue models:/NAME/1 (the registered export, imported once) in the same workdir."""
+    from flows.pipeline import STAGE_FLOWS
+    ckpt = family_runs["roberta"][0]
+    cfg = write_config(tmp_path, ckpt, tracking={"experiment": "init-from"},
+                       registry={"model_name": "init-from-model"})
+
+    def run(overrides=()):
+        return [r for s in STAGES for r in STAGE_FLOWS[s](config_path=str(cfg), overrides=list(overrides))]
+
+    first = run()
+    assert [(r["stage"], r["validation"]) for r in first] == [(s, "passed") for s in STAGES]
+    assert first[-1]["model_version"] == 1
+    second = run(["pretrain.init_from=models:/init-from-model/1"])
+    assert all(r["validation"] == "passed" and not r["cache_hit"] for r in second[1:])
+    assert second[-1]["model_version"] == 2
+    imported = tmp_path / "work" / "imports" / "models" / "init-from-model" / "v1"
+    assert (imported / ".mlm-import.json").is_file()
+    from mlm_core.store import StageStore
+    man = StageStore(tmp_path / "work").load("pretrain", second[-1]["fingerprint"]).manifest
+    assert man["init_from"]["ref"] == "models:/init-from-model/1" and man["init_from"]["family"] == "roberta"
+    assert json.loads((Path(second[-1]["path"]) / "hf" / "config.json").read_text())["architectures"] == \
+        ["RobertaForMaskedLM"]
+
+
+# ------------------------------------------------------------------------------------------------ extend + torchrun
+def test_extended_vocabulary_with_two_processes(tmp_path):
+    """tokenizer.extend on a BERT checkpoint whose tokenizer fragments the Russian text, trained by two torchrun
+    processes: the model the workers start from has the grown vocabulary with each new row the mean of its
+    pieces' rows (checked against transformers' embedding of the checkpoint), and the export carries it."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from mlm_core.configio import load_config
+    from mlm_core.train.init_from import build, prepare
+    ckpt = save_tiny(tmp_path / "ckpt", "bert", TEXTS[:N] + TEXTS[N:N + 3], vocab_size=120)
+    cfg = write_config(tmp_path, ckpt, tokenizer={"extend": 20},
+                       pretrain={"steps": 4, "checkpoint_every": 4, "eval_every": 4,
+                                 "distributed": {"nproc_per_node": 2, "timeout_s": 120}})
+    arts = run_stages(cfg)
+    tok = arts["tokenizer"]
+    ext = pq.read_table(tok.path / "extension.parquet").to_pylist()
+    base = tok.manifest["extension"]["base_vocab_size"]
+    assert ext and base == hf_model(ckpt).config.vocab_size
+    spec = prepare(load_config(cfg), arts["shards"], tok)
+    assert spec.vocab_size == base + len(ext) == arts["shards"].manifest["vocab_size"]
+    torch.manual_seed(0)
+    step0 = build(load_config(cfg).config.pretrain, spec)
+    emb = hf_model(ckpt).get_input_embeddings().weight.detach()
+    for r in ext:
+        assert torch.allclose(step0.tok_emb.weight[r["id"]], emb[r["pieces"]].mean(0), atol=1e-7), r
+    assert torch.equal(step0.tok_emb.weight[:base].detach(), emb)
+    pre = arts["pretrain"]
+    assert pre.manifest["steps"] == 4 and pre.manifest["init_from"]["extended"]
+    out = hf_model(pre.path / "hf")
+    assert type(out).__name__ == "BertForMaskedLM" and out.config.vocab_size == base + len(ext)
+
+
+def test_config_defers_positions_and_extend_to_the_checkpoint(tmp_path):
+    """With init_from, max positions come from the checkpoint: the config's own seq_len <= max_positions check
+    applies only to an explicit pretrain.model.max_positions; tokenizer.extend extends init_from's tokenizer."""
+    from mlm_core.configio import ConfigError, load_config
+    cfg = write_config(tmp_path, tmp_path / "ckpt", shards={"seq_len": 1024}, tokenizer={"extend": 10})
+    assert load_config(cfg).config.shards.seq_len == 1024
+    with pytest.raises(ConfigError, match=r"shards\.seq_len \(1024\) exceeds pretrain\.model\.max_positions \(512\)"):
+        load_config(cfg, ["pretrain.model.max_positions=512"])
+    with pytest.raises(ConfigError, match=r"exceeds pretrain\.model\.max_positions"):
+        load_config(cfg, ["pretrain.init_from=null"])
+    with pytest.raises(ConfigError, match="tokenizer.extend needs tokenizer.from or pretrain.init_from"):
+        load_config(cfg, ["pretrain.init_from=null", "shards.seq_len=32"])
