@@ -358,6 +358,6 @@ def test_config_defers_positions_and_extend_to_the_checkpoint(tmp_path):
     with pytest.raises(ConfigError, match=r"shards\.seq_len \(1024\) exceeds pretrain\.model\.max_positions \(512\)"):
         load_config(cfg, ["pretrain.model.max_positions=512"])
     with pytest.raises(ConfigError, match=r"exceeds pretrain\.model\.max_positions"):
-        load_config(cfg, ["pretrain.init_from=null"])
+        load_config(cfg, ["pretrain.init_from=null", "tokenizer.extend=0"])
     with pytest.raises(ConfigError, match="tokenizer.extend needs tokenizer.from or pretrain.init_from"):
         load_config(cfg, ["pretrain.init_from=null", "shards.seq_len=32"])
