@@ -93,7 +93,8 @@ def test_logits_equal_transformers_before_training(folders, case):
     assert p.arch.tie_embeddings == cfg.tie_word_embeddings
     tok = tf.AutoTokenizer.from_pretrained(str(folder))
     for role in ("pad", "unk", "cls", "sep", "mask"):
-        assert p.special_tokens[role] == {"token": getattr(tok, f"{role}_token"), "id": getattr(tok, f"{role}_token_id")}
+        want = {"token": getattr(tok, f"{role}_token"), "id": getattr(tok, f"{role}_token_id")}
+        assert p.special_tokens[role] == want
     ids, mask = _batch(folder)
     with torch.no_grad():
         theirs = theirs_model(input_ids=ids, attention_mask=mask).logits

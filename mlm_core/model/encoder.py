@@ -10,6 +10,9 @@ exactly: word + position + one token-type embedding -> LayerNorm -> dropout; pos
 (dense, GELU, LayerNorm, decoder tied to the word embeddings, output bias). Variants that do not
 export: pre-LN (Xiong et al., 2020: LayerNorm before each sublayer plus a final one) and rotary
 positions (RoFormer, Su et al., 2021). Sinusoidal positions follow Vaswani et al. (2017).
+A checkpoint read by ``pretrained`` sets the rest of its family's arithmetic through the Arch: LayerNorm
+epsilon, FFN activation (transformers' hidden_act), the MLM head's activation (exact GELU for RoBERTa /
+XLM-R / ELECTRA's generator), RoBERTa's position offset and a token-type table with several rows.
 
 The head gathers the selected positions first: a full-vocabulary projection at every position costs
 more than the rest of the step when only ~15% of positions are predicted.

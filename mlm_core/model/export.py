@@ -18,14 +18,12 @@ import json
 import shutil
 from pathlib import Path
 
-import torch
 from safetensors import safe_open
 from safetensors.torch import load_model, save_file
 
 from mlm_core.errors import MlmError
 from mlm_core.model.encoder import MLMEncoder
-from mlm_core.model.hf_layout import (LAYOUTS, arch_from_hf_config, encoder_from_hf, encoder_to_hf,  # noqa: F401
-                                      family_of_architecture, hf_config, mlm_from_hf, mlm_to_hf)
+from mlm_core.model.hf_layout import encoder_from_hf, encoder_to_hf, hf_config, mlm_from_hf, mlm_to_hf  # noqa: F401
 from mlm_core.model.sizes import Arch
 from mlm_core.tensorfile import save_module
 

@@ -35,7 +35,7 @@ class Layout:
     norm: str              # MLM head transform LayerNorm
     bias: str              # the output bias
     decoder: str           # the vocabulary projection (".weight"; ".bias" when decoder_bias)
-    decoder_bias: bool     # a separate decoder.bias tensor tied to ``bias`` (BERT, RoBERTa) vs the Linear's own (ELECTRA)
+    decoder_bias: bool     # a decoder.bias tensor tied to ``bias`` (BERT, RoBERTa), not the Linear's own (ELECTRA)
     pad_default: int       # transformers' default pad_token_id of the family's config class
 
 
