@@ -139,6 +139,9 @@ def metric_values(ev: dict, audit: dict) -> dict[tuple[str, str], tuple[float | 
     for row in intrinsic_rows(ev):
         for metric, key, better in INTRINSIC_METRICS:
             out[(metric, row["lang"])] = (_num(row.get(key)), better)
+    for lang, p in (ev.get("pll") or {}).items():   # also where the token rows could not be scored (other tokenizer)
+        if not p.get("missing"):
+            out[("pseudo_perplexity", lang)] = (_num(p.get("pseudo_perplexity")), "lower")
     for row in transfer_rows(ev):
         out[(f"{row['task']}.score", row["lang"])] = (_num(row.get("score")), "higher")
     for task, t in sorted((ev.get("transfer") or {}).items()):

@@ -140,7 +140,7 @@ def test_language_status():
     assert language_status(["en"], None, ["en"]) == {"en": ""}
 
 
-def test_registry_versions_are_resolved_and_linked(two_models, tmp_path):
+def test_registry_versions_are_resolved_and_linked(two_models, compared, tmp_path):
     """models:/NAME@ALIAS and models:/NAME/latest: the run records the version numbers and the producing runs."""
     from tasks import tracking
     from tasks.compare import run_compare
@@ -163,9 +163,13 @@ def test_registry_versions_are_resolved_and_linked(two_models, tmp_path):
     assert tags["model_a.pinned"] == f"models:/cmp-model/{versions[0]}"
     assert tags["model_a.run_id"] == tr.client.get_model_version("cmp-model", str(versions[0])).run_id
     assert tags["model_a.training_languages"] == "en,ru"
-    # the same models as the folders: the same numbers
-    by_folder = _rows(json.loads((Path(out["paths"]["json"])).read_text())) 
-    assert by_folder[("top1", "en")]["a"] is not None
+    # the registered versions hold the same weights as the folders (their hf/ export): the same numbers
+    reg, folders = _rows(out["result"]), _rows(compared["result"])
+    for lang in LANGS:
+        for metric in ("top1", "pseudo_perplexity"):
+            for side in ("a", "b"):
+                assert reg[(metric, lang)][side] == pytest.approx(folders[(metric, lang)][side], rel=1e-4), \
+                    (metric, lang, side)
 
 
 def test_cli_prints_the_table(two_models, tmp_path, capsys):
@@ -205,3 +209,42 @@ def test_prefect_flow_publishes_the_table(two_models, prefect_harness, tmp_path)
                                sort=ArtifactSort.CREATED_DESC, limit=1)[0]
     assert art.type == "markdown" and "| pseudo_perplexity | en | original |" in art.data, art.data
     assert Path(out["paths"]["png"]).is_file()
+
+
+def test_a_model_with_another_tokenizer_gets_pseudo_perplexity_only(two_models, tmp_path):
+    """A model whose tokenizer differs from the held-out shards' (e.g. an extended one): no masked-token metrics
+    (its ids would mean other tokens), pseudo-perplexity through its own tokenizer on the same held-out texts."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from mlm_core.compare import compare_models
+    from mlm_core.config import ModelConfig
+    from mlm_core.evaluate.intrinsic import validation_texts
+    from mlm_core.evaluate.pll import evaluate_pll
+    from mlm_core.model import MLMEncoder, resolve_arch, save_weights
+    from mlm_core.shards import ShardDataset
+    lc, arts = two_models["lc"], two_models["arts"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    texts = [ln for lang in LANGS for ln in (two_models["root"] / f"{lang}.txt").read_text(encoding="utf-8").splitlines()]
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=300, special_tokens=[
+        "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    folder = tmp_path / "other"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    torch.manual_seed(0)
+    model = MLMEncoder(resolve_arch(ModelConfig(size="tiny", max_positions=64, dropout=0.0), tok.get_vocab_size(), 0))
+    save_weights(model.eval(), folder / "model.safetensors")
+    res = compare_models(two_models["a"], folder, lc, labels=("a", "other"))
+    rows = _rows(res)
+    assert res["notes"] and "tokenizer differs" in res["notes"][0] and str(folder) in res["notes"][0]
+    with ShardDataset(arts["shards"].path) as ds:
+        fraction = ds.manifest["config"]["shards"]["validation_fraction"]
+        held = validation_texts(arts["normalize"].path, list(LANGS), fraction, lc.config.evaluate.pll_sentences,
+                                ds.manifest.get("validation_docs"))
+        seq_len = ds.seq_len
+    want = evaluate_pll(model, tok, held, lc.config.evaluate, max_tokens=seq_len - 2)
+    for lang in LANGS:
+        assert rows[("top1", lang)]["b"] is None and rows[("top1", lang)]["delta"] is None
+        assert rows[("top1", lang)]["a"] is not None
+        assert rows[("pseudo_perplexity", lang)]["b"] == pytest.approx(want[lang]["pseudo_perplexity"], rel=1e-9)
