@@ -2,7 +2,9 @@
 
 ``build``: tokenizer pipelines per algorithm and fixed special ids; ``sample``: the temperature-weighted,
 streamed training sample; ``stats``: held-out fertility / UNK rate and vocabulary scripts; ``stage``:
-the stage function and the checksum-verified loader.
+the stage function and the checksum-verified loader. With ``tokenizer.from`` (else ``pretrain.init_from``):
+``existing`` reads an existing tokenizer folder, ``extend`` adds ``tokenizer.extend`` new tokens after its
+ids, ``from_stage`` is the stage for that case.
 """
 from mlm_core.tokenizer.build import (
     SPECIALS, TokenizerError, TokenizerMismatch, build_tokenizer, special_ids, train, train_seconds_per_mb,
