@@ -188,6 +188,14 @@ def _bpe_merges(tok: Tokenizer, model: dict, texts: list[str], n: int, min_frequ
     return out
 
 
+def _same_pipeline(aux: Tokenizer, base: Tokenizer) -> None:
+    """The base's normalizer and pre-tokenizer on the auxiliary tokenizer, so its token strings are the base's."""
+    if base.normalizer is not None:
+        aux.normalizer = base.normalizer
+    if base.pre_tokenizer is not None:
+        aux.pre_tokenizer = base.pre_tokenizer
+
+
 def _most_used(aux: Tokenizer, texts: list[str], skip: set[str], min_frequency: int) -> list[str]:
     """The auxiliary tokenizer's tokens outside ``skip``, by how often it uses them on ``texts`` (most first;
     ties: lower id), used at least ``min_frequency`` times: the most useful ones, whatever the trainer's order."""
@@ -209,7 +217,7 @@ def _wordpiece_tokens(tok: Tokenizer, model: dict, texts: list[str], n: int, min
     for r in range(GROWTH_ROUNDS):
         aux = Tokenizer(models.WordPiece(unk_token=unk, continuing_subword_prefix=prefix,
                                          max_input_chars_per_word=model.get("max_input_chars_per_word", 100)))
-        aux.normalizer, aux.pre_tokenizer = tok.normalizer, tok.pre_tokenizer
+        _same_pipeline(aux, tok)
         # continuation characters registered up front in code-point order: the trainer would number them
         # in hash-map order, and merge ties follow ids (as in build.train)
         head = [unk] + [prefix + c for c in continuation_chars(aux, chars)]
@@ -233,11 +241,12 @@ def _unigram_pieces(tok: Tokenizer, model: dict, texts: list[str], n: int, unk: 
     cands: list = []
     for r in range(GROWTH_ROUNDS):
         aux = Tokenizer(models.Unigram())
-        aux.normalizer, aux.pre_tokenizer = tok.normalizer, tok.pre_tokenizer
+        _same_pipeline(aux, tok)
         size = 1 + len(chars) + 2 * n * 4 ** r
         aux.train_from_iterator(batches(texts), trainers.UnigramTrainer(
             vocab_size=size, special_tokens=[unk], unk_token=unk, show_progress=False), length=len(texts))
-        pieces = json.loads(canonical_unigram(aux, 1).to_str())["model"]["vocab"][1:]   # score desc, then piece
+        aux = canonical_unigram(aux, 1)   # scores free of the trainer's hash-order noise: reruns rank alike
+        pieces = json.loads(aux.to_str())["model"]["vocab"][1:]
         score = dict(map(tuple, pieces))
         cands = [(p, score[p]) for p in _most_used(aux, texts, known | {unk}, min_frequency)]
         if len(cands) >= n or len(pieces) + 1 < size:
