@@ -248,6 +248,34 @@ def test_pipeline_electra_folder(folders, tmp_path):
     assert all(torch.equal(p.disc_state[k], v) for k, v in p0.disc_state.items())
 
 
+def test_pipeline_folder_continued_from_roberta_stays_roberta(folders, tmp_path):
+    """A model continued from RoBERTa is stored with its family (Arch fields in the safetensors metadata) and
+    exports back as RobertaForMaskedLM."""
+    p0 = read_pretrained(folders["roberta"])
+    model = build_encoder(p0).eval()
+    run = tmp_path / "run"
+    save_weights(model, run / "model.safetensors")
+    (run / "model_config.json").write_text(json.dumps({**model.arch.to_dict(), "objective": "mlm"}))
+    shutil.copy(p0.tokenizer_file, run / "tokenizer.json")
+    p = read_pretrained(run)
+    assert p.family == "roberta" and p.arch == p0.arch and p.special_tokens == p0.special_tokens
+    out = export_hf(build_encoder(p), run / "hf", p.tokenizer_file, p.special_tokens)
+    assert type(tf.AutoModelForMaskedLM.from_pretrained(str(out))).__name__ == "RobertaForMaskedLM"
+
+
+def test_legacy_layernorm_names(folders, tmp_path):
+    """Old checkpoints name LayerNorm parameters gamma / beta; transformers renames them on load, and so do we."""
+    from safetensors.torch import load_file, save_file
+    d = shutil.copytree(folders["bert"], tmp_path / "old")
+    sd = load_file(str(d / "model.safetensors"))
+    renamed = {(k[:-7] + ".gamma" if "LayerNorm.weight" in k else k[:-5] + ".beta" if "LayerNorm.bias" in k else k): v
+               for k, v in sd.items()}
+    assert any(k.endswith(".gamma") for k in renamed)
+    save_file(renamed, str(d / "model.safetensors"), metadata={"format": "pt"})
+    ref = read_pretrained(folders["bert"])
+    assert all(torch.equal(read_pretrained(d).state[k], v) for k, v in ref.state.items())
+
+
 # ---- refusals ----------------------------------------------------------------------------------------------
 def _hf_folder_with(tmp_path, folders, config_edit=None, drop=(), add=()):
     d = shutil.copytree(folders["bert"], tmp_path / "m")
@@ -365,3 +393,14 @@ def test_absent_config_keys_take_transformers_defaults():
         sparse = {k: full[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                                        "vocab_size")}
         assert arch_from_hf_config(sparse, family) == arch_from_hf_config(full, family), family
+
+
+def test_unknown_tensors_are_refused_and_model_type_stands_in_for_architectures(folders, tmp_path):
+    from safetensors.torch import load_file, save_file
+    d = _hf_folder_with(tmp_path, folders, lambda c: {k: v for k, v in c.items() if k != "architectures"})
+    assert read_pretrained(d).family == "bert"          # model_type "bert" -> BertForMaskedLM
+    sd = load_file(str(d / "model.safetensors")) | {"bert.encoder.layer.0.attention.self.rel_bias": torch.zeros(2)}
+    save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(PretrainedError, match="rel_bias") as e:
+        read_pretrained(d)
+    assert str(d / "model.safetensors") in str(e.value)
