@@ -138,7 +138,8 @@ class TokenizerConfig(Section):
         "tokenizer.json (or Hugging Face tokenizer files: vocab.txt, sentencepiece.bpe.model, vocab.json+merges.txt), "
         "or models:/NAME@ALIAS / models:/NAME/VERSION from the registry. Fertility and UNK rate are still measured "
         "on this corpus and checked by the same contract. Its content hash (not the path) enters the fingerprint; "
-        "algorithm/vocab_size/min_frequency/special_tokens/lowercase are then taken from it. Default: "
+        "algorithm/vocab_size/special_tokens/lowercase are then taken from it (min_frequency: the least count of a "
+        "token added by extend). Default: "
         "pretrain.init_from when that is set.", json_schema_extra={"effect": "output"})
     extend: int = Field(
         default=0, ge=0, description="With `from`: learn up to this many new tokens from this corpus that the base "
