@@ -137,5 +137,5 @@ def external_input(lc, ref: str | None, field: str, names: tuple[str, ...] | Non
         raise ExternalRefError(str(e) if str(e).startswith(field) else f"{field}: {e}") from None
 
 
-__all__ = ["ExternalRefError", "TOKENIZER_FILES", "register_resolver", "resolve_ref", "content_hash", "is_registry_ref", "cache_dir",
-           "external_input"]
+__all__ = ["ExternalRefError", "TOKENIZER_FILES", "register_resolver", "resolve_ref", "content_hash", "is_registry_ref",
+           "cache_dir", "external_input"]

@@ -361,3 +361,51 @@ def test_config_defers_positions_and_extend_to_the_checkpoint(tmp_path):
         load_config(cfg, ["pretrain.init_from=null", "tokenizer.extend=0"])
     with pytest.raises(ConfigError, match="tokenizer.extend needs tokenizer.from or pretrain.init_from"):
         load_config(cfg, ["pretrain.init_from=null", "shards.seq_len=32"])
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_trajectory_checkpoint_wins_over_the_init(family_runs, tmp_path):
+    """Killed after its step-10 checkpoint, the continued run resumes from that checkpoint (later than the init),
+    and ends with the weights of an uninterrupted run."""
+    from safetensors.torch import load_file
+
+    from mlm_core.configio import load_config
+    from mlm_core.train.stage import run_pretrain
+    ckpt, arts, _ = family_runs["bert"]
+    up = {k: arts[k] for k in ("shards", "tokenizer")}
+
+    def attempt(work: Path, cb=None):
+        lc = load_config(write_config(work, ckpt, pretrain={"checkpoint_every": 10, "log_every": 1}))
+        out = work / "out"
+        out.mkdir(parents=True, exist_ok=True)
+        return run_pretrain(lc, up, out, metrics_cb=cb), out
+
+    def stop_at_13(rec):
+        if rec["type"] == "train" and rec["step"] == 13:
+            raise _Stop
+    with pytest.raises(_Stop):
+        attempt(tmp_path / "a", stop_at_13)
+    shutil.rmtree(tmp_path / "a" / "out")
+    m, out = attempt(tmp_path / "a")
+    assert m["resumed_from"] == 10 and m["steps"] == 20
+    ref, ref_out = attempt(tmp_path / "b")
+    assert ref["resumed_from"] is None
+    a, b = load_file(str(out / "model.safetensors")), load_file(str(ref_out / "model.safetensors"))
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+def test_mlm_status_resolves_registry_addresses(family_runs, tmp_path):
+    """A fresh `mlm` process installs the models:/ resolver (flows/__init__): the address reaches it, and without
+    a registry the error names the field."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    _, _, tmp = family_runs["bert"]
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "status", str(tmp / "cfg.yaml"), "--set",
+                        "pretrain.init_from=models:/tiny@champion"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode != 0
+    assert "pretrain.init_from: models:/tiny@champion needs a model registry, but tracking is off" in r.stderr

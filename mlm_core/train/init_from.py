@@ -164,7 +164,8 @@ def load(spec: InitSpec):
     ext = _read_extension(spec.extension, p.vocab_size) if spec.extension else []
     bad = [i for i, _ in ext if i >= spec.vocab_size]
     if bad:
-        raise StageError(f"pretrain: {spec.extension}: new ids {bad[:5]} are beyond the tokenizer's {spec.vocab_size} ids")
+        raise StageError(f"pretrain: {spec.extension}: new ids {bad[:5]} are beyond the tokenizer's "
+                         f"{spec.vocab_size} ids")
     grow = lambda sd: None if sd is None else grow_vocabulary(sd, p.vocab_size, spec.vocab_size, ext)  # noqa: E731
     resize = lambda a: None if a is None else dataclasses.replace(a, vocab_size=spec.vocab_size)  # noqa: E731
     return dataclasses.replace(p, arch=resize(p.arch), disc_arch=resize(p.disc_arch), state=grow(p.state),
