@@ -56,7 +56,8 @@ def _registry_info(ref: str, uri: str) -> dict:
                               f"({redact(str(exc.message if hasattr(exc, 'message') else exc).splitlines()[0])}); "
                               f"registered models: {', '.join(known) or 'none'}") from None
     info = {"ref": ref, "name": name, "alias": alias, "version": int(mv.version), "run_id": mv.run_id,
-            "pinned": f"models:/{name}/{mv.version}", "url": None, "training_languages": None}
+            "model_id": _model_id(mv), "pinned": f"models:/{name}/{mv.version}", "url": None,
+            "training_languages": None}
     if _is_http(uri):
         info["url"] = f"{redact(uri).rstrip('/')}/#/models/{name}/versions/{mv.version}"
     if mv.run_id:
@@ -67,6 +68,15 @@ def _registry_info(ref: str, uri: str) -> dict:
         except MlflowException:     # the producing run was deleted: the version still resolves
             pass
     return info
+
+
+def _model_id(mv) -> str | None:
+    """The version's MLflow model id: ``mv.model_id``, which a SQLite registry returns empty, else its
+    ``models:/m-<id>`` source (versions registered from plain files have none)."""
+    if getattr(mv, "model_id", None):
+        return mv.model_id
+    src = mv.source or ""
+    return src[len("models:/"):] if src.startswith("models:/m-") else None
 
 
 @contextlib.contextmanager
@@ -107,7 +117,7 @@ def flat_metrics(result: dict) -> dict[str, float]:
 
 def ref_tags(side: str, info: dict) -> dict[str, str]:
     tags = {f"model_{side}": info["ref"]}
-    for k in ("name", "alias", "version", "pinned", "run_id", "url", "folder", "content_hash"):
+    for k in ("name", "alias", "version", "pinned", "run_id", "model_id", "url", "folder", "content_hash"):
         if info.get(k) not in (None, ""):
             tags[f"model_{side}.{k}"] = str(info[k])
     if info.get("training_languages"):
@@ -123,6 +133,8 @@ def run_compare(config_path: str, model_a: str, model_b: str, overrides: list[st
     from mlm_core.configio import load_config
     from mlm_core.external import content_hash
     from tasks.tracking import Tracker, resolve_tracking_uri
+    from tasks import external
+    external.install()     # planning the held-out data may hash a models:/ tokenizer.from / init_from
     lc = load_config(config_path, list(overrides or []))
     uri = resolve_tracking_uri(lc.config.tracking, lc.workdir)
     t0 = time.time()
@@ -149,6 +161,7 @@ def run_compare(config_path: str, model_a: str, model_b: str, overrides: list[st
             metrics=flat_metrics(result), artifacts=[paths["md"], paths["png"], paths["json"]],
             tags={**ref_tags("a", ia), **ref_tags("b", ib), "kind": "compare"}, started=t0, ended=time.time())
         if run_id is not None:
+            link_models(tracker, run_id, [ia, ib])
             with contextlib.suppress(Exception):    # only the display name; the run is complete without it
                 tracker.client.update_run(run_id, name=f"compare · {_short(model_a)} vs {_short(model_b)}")
     md = markdown(result, extra + ([f"- MLflow run: `{run_id}`" + (f" ({tracker.run_url(run_id)})"
@@ -159,6 +172,19 @@ def run_compare(config_path: str, model_a: str, model_b: str, overrides: list[st
     return {"result": result, "paths": {k: str(v) for k, v in paths.items()}, "run_id": run_id,
             "experiment": lc.config.tracking.experiment if tracker.enabled else None, "markdown": md,
             "published": published, "fingerprint": fp}
+
+
+def link_models(tracker, run_id: str, infos: list[dict]) -> None:
+    """The registered versions' MLflow models as the run's model inputs: the run page links to both (MLflow 3
+    LoggedModelInput); versions registered from plain files have no model id and keep only their tags."""
+    ids = list(dict.fromkeys(i["model_id"] for i in infos if i.get("model_id")))
+    if not ids:
+        return
+    from mlflow.entities import LoggedModelInput
+    try:
+        tracker.client.log_inputs(run_id, models=[LoggedModelInput(model_id=m) for m in ids])
+    except Exception as exc:  # noqa: BLE001 - the tags already name both versions; this is the UI link
+        log.warning("compare: linking the model versions to run %s failed: %s", run_id, exc)
 
 
 def _short(ref: str) -> str:

@@ -163,6 +163,11 @@ def test_registry_versions_are_resolved_and_linked(two_models, compared, tmp_pat
     assert tags["model_a.pinned"] == f"models:/cmp-model/{versions[0]}"
     assert tags["model_a.run_id"] == tr.client.get_model_version("cmp-model", str(versions[0])).run_id
     assert tags["model_a.training_languages"] == "en,ru"
+    # the run's model inputs are the two versions' MLflow models (the UI links the run to both)
+    run = tr.client.get_run(out["run_id"])
+    linked = {m.model_id for m in run.inputs.model_inputs}
+    sources = {tr.client.get_model_version("cmp-model", str(v)).source for v in versions}   # models:/m-<id>
+    assert {f"models:/{m}" for m in linked} == sources and len(linked) == 2
     # the registered versions hold the same weights as the folders (their hf/ export): the same numbers
     reg, folders = _rows(out["result"]), _rows(compared["result"])
     for lang in LANGS:
