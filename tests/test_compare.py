@@ -185,6 +185,11 @@ def test_cli_prints_the_table(two_models, tmp_path, capsys):
     assert code == 0, out
     assert "pseudo_perplexity" in out and "B-A" in out and "en (original): pseudo-perplexity" in out
     assert (tmp_path / "cli" / "compare.png").is_file() and (tmp_path / "cli" / "compare.md").is_file()
+    code = main(["compare", str(two_models["a"]), str(two_models["b"]), "--config", str(two_models["cfg"]),
+                 "--set", "tracking.enabled=false", "--out", str(tmp_path / "cli"), "--json"])
+    got = json.loads(capsys.readouterr().out)
+    assert code == 0 and got["run_id"] is None and got["languages"] == {"en": "original", "ru": "original"}
+    assert {(r["metric"], r["lang"]) for r in got["rows"]} >= {("top1", "en"), ("pseudo_perplexity", "ru")}
 
 
 def test_bad_references_are_clear_errors(two_models, compared, tmp_path, capsys):
