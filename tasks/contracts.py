@@ -122,9 +122,9 @@ def _shards_tables(out_dir: Path, options: dict) -> dict:
     of sequences read through the memory-mapped files, with their length, max token id and padding count."""
     import numpy as np
     import pandas as pd
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from mlm_core.shards.reader import read_shard_file
     manifest = options["manifest"]
     files = pd.DataFrame(manifest["shards"])
     sampling = pq.read_table(out_dir / "sampling.parquet").to_pandas()
@@ -132,16 +132,13 @@ def _shards_tables(out_dir: Path, options: dict) -> dict:
     per_file = max(1, int(options["sample_rows"]) // max(len(files), 1))
     rows = []
     for f in manifest["shards"]:
-        with pa.memory_map(str(out_dir / f["file"]), "r") as src:
-            table = pa.ipc.open_stream(src).read_all() if manifest.get("format") == "arrow-ipc-stream" \
-                else pa.ipc.open_file(src).read_all()
-            col = table.column("input_ids").combine_chunks()
-            width = col.type.list_size
-            ids = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
-            pick = rng.choice(len(ids), size=min(per_file, len(ids)), replace=False) if len(ids) else []
-            for i in pick:
-                rows.append({"file": f["file"], "lang": f["lang"], "split": f["split"], "row": int(i),
-                             "length": int(width), "max_id": int(ids[i].max())})
+        # decoded: format v3 folds word starts into the stored ids (mlm_core.shards.layout)
+        ids = read_shard_file(out_dir, f["file"], manifest)["input_ids"]
+        width = ids.shape[1]
+        pick = rng.choice(len(ids), size=min(per_file, len(ids)), replace=False) if len(ids) else []
+        for i in pick:
+            rows.append({"file": f["file"], "lang": f["lang"], "split": f["split"], "row": int(i),
+                         "length": int(width), "max_id": int(ids[i].max())})
     sample = pd.DataFrame(rows, columns=["file", "lang", "split", "row", "length", "max_id"])
     return {"shards": files, "sampling": sampling, "rows_sample": sample,
             "train_langs": files[files.split == "train"][["lang"]].drop_duplicates(),

@@ -127,10 +127,32 @@ def built(tmp_path_factory):
 
 
 def read_rows(out: Path, rel: str) -> dict[str, np.ndarray]:
+    """The stored columns of one file, as they are on disk."""
     with pa.memory_map(str(out / rel)) as src:
         batch = ipc.open_stream(src).read_next_batch()
-        seq = batch.schema.field("input_ids").type.list_size
-        return {c: batch.column(c).values.to_numpy().reshape(-1, seq).copy() for c in batch.schema.names}
+        return {c: batch.column(c).values.to_numpy().reshape(len(batch), -1).copy() for c in batch.schema.names}
+
+
+def unfold(stored: dict[str, np.ndarray], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, word starts) from format v3's stored columns, decoded here independently of the reader: the flag is
+    the top bit of the id type when there is no ``word_start_bits`` column, else those bits, LSB first."""
+    tokens = stored["tokens"]
+    top = 8 * tokens.dtype.itemsize - 1
+    if "word_start_bits" not in stored:
+        return tokens & ((1 << top) - 1), (tokens >> top).astype(np.uint8)
+    bits = stored["word_start_bits"]
+    ws = np.array([[(bits[r, j // 8] >> (j % 8)) & 1 for j in range(seq_len)] for r in range(len(bits))], np.uint8)
+    return tokens, ws
+
+
+def doc_segments(enc, n_rows: int, width: int) -> np.ndarray:
+    """Expected segment ids of the content positions (rows x width), from the documents' lengths: the j-th
+    document of a row (counting the one it continues) is segment j, its [SEP] included; padding 0."""
+    doc = np.full(n_rows * width, -1)
+    stream = np.concatenate([np.full(len(e.ids) + 1, i) for i, e in enumerate(enc)])
+    doc[:len(stream)] = stream
+    doc = doc.reshape(n_rows, width)
+    return np.where(doc >= 0, doc - doc[:, :1] + 1, 0)
 
 
 def split_of(text: str, fraction: float = 0.2) -> str:
@@ -152,9 +174,15 @@ def test_rows_are_packed_documents(built, kind):
             files = sorted(s["file"] for s in m["shards"] if s["split"] == split and s["lang"] == lang)
             assert files and all(f.startswith(f"{split}/{lang}-") for f in files)
             rows = [read_rows(out, f) for f in files]
-            assert all(len(r["input_ids"]) <= 7 for r in rows) and all(len(r["input_ids"]) == 7 for r in rows[:-1])
-            ids, seg, ws = (np.concatenate([r[c] for r in rows]) for c in ("input_ids", "segment_ids", "word_start"))
-            assert ids.dtype == np.uint16 and seg.dtype == np.uint8 and ws.dtype == np.uint8
+            assert all(set(r) == {"tokens"} for r in rows)       # a small vocabulary: flags folded into the ids
+            assert all(len(r["tokens"]) <= 7 for r in rows) and all(len(r["tokens"]) == 7 for r in rows[:-1])
+            assert all(r["tokens"].dtype == np.uint16 for r in rows)
+            ids, ws = unfold({"tokens": np.concatenate([r["tokens"] for r in rows])}, 32)
+            with ShardDataset(out) as ds:                      # the reader decodes the same, and rebuilds segments
+                assert (np.asarray(ds.input_ids(split, lang)) == ids).all()
+                assert (np.asarray(ds.word_start(split, lang)) == ws).all()
+                seg = np.asarray(ds.segment_ids(split, lang))
+            assert seg.dtype == np.uint8
             assert ids.shape[1] == 32 and (ids < m["vocab_size"]).all()
             assert (ids[:, 0] == sp["cls"]).all() and (seg[:, 0] == 1).all() and (ws[:, 0] == 0).all()
             # padding only at the end of the last row, with segment 0
@@ -167,10 +195,8 @@ def test_rows_are_packed_documents(built, kind):
             content = ids[:, 1:].reshape(-1)
             assert (content[:len(stream)] == stream).all() and (content[len(stream):] == sp["pad"]).all()
             assert sum(s["tokens"] for s in m["shards"] if s["file"] in files) == len(stream) + len(ids)
-            # segment ids: start at 1 in each row, +1 after each [SEP]
-            is_sep = ids[:, 1:] == sp["sep"]
-            exp_seg = 1 + np.concatenate([np.zeros((len(ids), 1), int), np.cumsum(is_sep, 1)[:, :-1]], 1)
-            assert (np.where(pad[:, 1:], 0, exp_seg) == seg[:, 1:]).all()
+            # segment ids: one per document, counted from 1 in each row (format v2 stored these)
+            assert (doc_segments(enc, len(ids), 31) == seg[:, 1:]).all() and seg[:, 1:].max() >= 2
             check_word_starts(tok, kind, expected, enc, ids, ws, sp, lang)
 
 
@@ -377,13 +403,94 @@ def test_open_and_view_is_zero_copy(built):
     ShardDataset(out, verify="every_open").close()      # verification reads files (not Arrow allocations) anyway
     before = pa.total_allocated_bytes()
     ds = ShardDataset(out, verify="once")
-    views = [ds.input_ids(s, lang) for s in ("train", "validation") for lang in LANGS]
+    views = [ds.stored(s, lang)["tokens"] for s in ("train", "validation") for lang in LANGS]
     total = sum(v.parts[0].sum(dtype=np.int64) for v in views)     # touch the data
     assert total > 0
+    ds.get_batch("train", "fr", np.arange(5))                        # decoding copies into numpy, not Arrow
     assert pa.total_allocated_bytes() - before < 4096
     v = views[0].parts[0]
     assert not v.flags.writeable and not v.flags.owndata and v.shape[1] == 32
     ds.close()
+
+
+# ------------------------------------------------------------------------------------------------ format v3
+@pytest.mark.parametrize("vocab_size,stored,per_position", [
+    (None, {"tokens": "uint16"}, 2.0),                                  # our 400-token vocabulary: folded
+    (50265, {"tokens": "uint16", "word_start_bits": "uint8"}, 2.125),   # RoBERTa-sized: no spare bit, packed
+    (250002, {"tokens": "uint32"}, 4.0),                                # XLM-R-sized: uint32, folded
+])
+def test_compact_layouts_read_back_the_same_rows(built, tmp_path, vocab_size, stored, per_position):
+    """Whatever the vocabulary size, the reader returns the same input_ids / segment_ids / word_start
+    (compared with the 400-token build and, for segments, with the documents), and the stored bytes per
+    position are 2, 2 + 1/8 (seq_len 32 -> 4 bytes of flags per row) or 4."""
+    ref_out, _, tok_art = built["bpe"]
+    if vocab_size:     # the manifest's vocab_size picks the layout (the tokenizer itself stays small)
+        tok_art = Artifact("tokenizer", tok_art.fingerprint, tok_art.path, {**tok_art.manifest, "vocab_size": vocab_size})
+    out, m, _ = build(tmp_path, "bpe", tok_art=tok_art)
+    assert m["format_version"] == 3 and m["dtype"] == stored["tokens"]
+    raw = read_rows(out, m["shards"][0]["file"])
+    assert {c: a.dtype.name for c, a in raw.items()} == stored
+    assert sum(a.nbytes for a in raw.values()) / raw["tokens"].size == per_position
+    with ShardDataset(out) as ds, ShardDataset(ref_out) as ref:
+        for split in ("train", "validation"):
+            for lang in LANGS:
+                n = len(ref.input_ids(split, lang))
+                idx = np.r_[np.arange(n), n - 1, 0]
+                a, b = ds.get_batch(split, lang, idx), ref.get_batch(split, lang, idx)
+                assert all(a[k].dtype == b[k].dtype and (a[k] == b[k]).all() for k in a)
+        first = m["shards"][0]
+        ids, ws = unfold(raw, 32)           # decoded independently of the reader
+        assert (ids == ds.input_ids(first["split"], first["lang"])[:len(ids)]).all()
+        assert (ws == ds.word_start(first["split"], first["lang"])[:len(ids)]).all() and ws.any()
+
+
+def test_old_format_is_read_and_a_newer_one_refused(built, tmp_path):
+    """Format v2 (three stored columns, no format_version) reads as before; an unknown version is refused with
+    the folder and the rebuild command."""
+    import torch
+    from mlm_core.shards.layout import Layout
+    from mlm_core.shards.pack import write_rows
+    src, m, _ = built["wordpiece"]
+    old = tmp_path / "v2"
+    old.mkdir()
+    shards = []
+    with ShardDataset(src) as ds:
+        v2 = Layout(32, np.dtype(np.uint16), ds.layout.sep, ds.layout.pad, folded=False, version=2)
+        for s in m["shards"]:
+            sel = sorted(x["file"] for x in m["shards"] if (x["split"], x["lang"]) == (s["split"], s["lang"]))
+            k = sel.index(s["file"])
+            idx = np.arange(7 * k, 7 * k + s["rows"])
+            ids, seg, ws = ds.columns(s["split"], s["lang"]).take(idx, np.uint16)
+            write_rows(old / s["file"], v2, ids, ws.view(np.uint8))
+            shards.append({**s, "bytes": (old / s["file"]).stat().st_size})
+            assert set(read_rows(old, s["file"])) == {"input_ids", "segment_ids", "word_start"}
+            assert (read_rows(old, s["file"])["segment_ids"] == seg).all()     # v2 stored what v3 rebuilds
+    legacy = {k: v for k, v in m.items() if k not in ("format_version", "layout")}
+    legacy["shards"] = shards
+    write_json_atomic(old / MANIFEST, legacy)
+    with ShardDataset(old, verify="off") as a, ShardDataset(src) as b:
+        assert a.layout.version == 2
+        for lang in LANGS:
+            idx = np.arange(len(b.input_ids("train", lang)))
+            x, y = a.get_batch("train", lang, idx), b.get_batch("train", lang, idx)
+            assert all(torch.equal(x[k], y[k]) for k in x)
+    write_json_atomic(old / MANIFEST, {**legacy, "format_version": 9})
+    with pytest.raises(ShardIntegrityError, match=rf"{old}.*format version 9.*--only shards --force"):
+        ShardDataset(old, verify="off")
+
+
+def test_a_special_id_inside_a_document_is_refused(tmp_path):
+    """Segments are rebuilt from [SEP] ids: a tokenizer that encodes text to the [SEP] id must fail the stage."""
+    root = tmp_path / "r"
+    root.mkdir()
+    tok_art = tokenizer_artifact(root, "wordpiece")
+    sep = next(i for i, t in enumerate(BERT) if t == "[SEP]")
+    some = Tokenizer.from_file(str(tok_art.path / "tokenizer.json")).token_to_id("the")
+    sp = {**tok_art.manifest["special_tokens"], "sep": {"token": "the", "id": some}}   # "the" declared as [SEP]
+    bad = Artifact("tokenizer", "bad", tok_art.path, {**tok_art.manifest, "special_tokens": sp})
+    assert sep != some
+    with pytest.raises(StageError, match=r"\[SEP\] or \[PAD\] id"):
+        build(tmp_path / "b", "wordpiece", tok_art=bad)
 
 
 def test_get_and_get_batch(built):
@@ -412,10 +519,12 @@ def test_as_hf_dataset_is_memory_mapped(built):
     hf = as_hf_dataset(out, split="train")
     assert pa.total_allocated_bytes() - before < 4096
     assert hf.num_rows == sum(m["languages"][lang]["rows_train"] for lang in LANGS)
-    assert hf.features["input_ids"].feature == Value("uint16") and hf.features["input_ids"].length == 32
+    assert hf.features["tokens"].feature == Value("uint16") and hf.features["tokens"].length == 32   # stored
     fr = as_hf_dataset(out, split="validation", lang="fr")
-    with ShardDataset(out) as ds:
-        assert fr[0]["input_ids"] == ds.input_ids("validation", "fr")[0].tolist()
+    with ShardDataset(out) as ds:                         # rows come out decoded
+        assert fr[0]["input_ids"].tolist() == ds.input_ids("validation", "fr")[0].tolist()
         assert fr.num_rows == len(ds.input_ids("validation", "fr"))
-    t = fr.with_format("torch")[0:2]
-    assert t["input_ids"].shape == (2, 32)
+        t = fr[0:2]
+        assert t["input_ids"].shape == (2, 32)
+        assert (t["segment_ids"] == ds.segment_ids("validation", "fr")[0:2]).all()
+        assert (t["word_start"] == ds.word_start("validation", "fr")[0:2]).all()

@@ -29,7 +29,7 @@ from mlm_core.shards.encode import (  # noqa: F401
     encode_texts, encodings_to_arrays, prepare_tokenizer,
 )
 from mlm_core.shards.pack import (  # noqa: F401
-    Packer, ShardWriter, StreamStats, segment_dtype, shard_name, shard_schema, token_dtype,
+    Layout, Packer, ShardWriter, StreamStats, segment_dtype, shard_name, shard_schema, token_dtype, write_rows,
 )
 from mlm_core.shards.split import (  # noqa: F401
     _split_masks, hash_order_ranks, hash_prefix_u32, top_up_validation, validation_mask,
@@ -82,8 +82,8 @@ def run_shards(lc, upstream: dict, out_dir: Path) -> dict:
         raise StageError(f"{tok_file}: {tok.get_vocab_size(with_added_tokens=True)} tokens, but the tokenizer "
                          f"manifest says vocab_size={vocab_size}")
     specials = _special_ids(tart.manifest, tok)
-    ids_dtype, seg_dtype = token_dtype(vocab_size), segment_dtype(cfg.seq_len)
-    schema = shard_schema(cfg.seq_len, ids_dtype, seg_dtype)
+    layout = Layout.for_vocab(vocab_size, cfg.seq_len, specials["sep"], specials["pad"])
+    ids_dtype = layout.ids
 
     langs, dropped = [], []
     for lang in lc.config.languages:
@@ -147,9 +147,8 @@ def run_shards(lc, upstream: dict, out_dir: Path) -> dict:
                 finish(current)
             current = lang
             for split in SPLITS:
-                w = ShardWriter(out_dir, split, lang, cfg.seq_len, cfg.rows_per_shard, schema, specials["pad"])
-                packers[(split, lang)] = Packer(w, cfg.seq_len, specials["cls"], specials["sep"], specials["pad"],
-                                                ids_dtype, seg_dtype)
+                w = ShardWriter(out_dir, split, lang, cfg.rows_per_shard, layout)
+                packers[(split, lang)] = Packer(w, specials["cls"], where=f"{split}/{lang}")
         if len(enc.ids) and int(enc.ids.max()) >= vocab_size:
             raise StageError(f"shards: {lang}: token id {int(enc.ids.max())} >= vocab_size {vocab_size}")
         n = len(enc.lens)
@@ -169,8 +168,7 @@ def run_shards(lc, upstream: dict, out_dir: Path) -> dict:
     _write_tables(out_dir, table, per_lang)
     return {
         "seq_len": cfg.seq_len,
-        "dtype": ids_dtype.name,
-        "segment_dtype": seg_dtype.name,
+        **layout.manifest_fields(),     # format_version, dtype, segment_dtype, layout
         "format": "arrow-ipc-stream",
         "vocab_size": vocab_size,
         "tokenizer_fingerprint": tart.fingerprint,

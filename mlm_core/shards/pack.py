@@ -9,12 +9,14 @@ with ``[CLS]``. A document longer than a row continues after the ``[CLS]`` of th
 without ``[SEP]`` when it cuts a document. Rows never mix languages or splits. The last row of a stream
 is padded with ``[PAD]``.
 
-Columns (each a ``fixed_size_list<_, seq_len>``):
-  input_ids    uint16 when vocab_size <= 65536, else uint32
+What a position stores (format v3, ``layout.py``): its token id with the word-start flag folded into the
+id's spare top bit (or bit-packed beside it when the vocabulary leaves none); segment ids are not stored but
+rebuilt from the [SEP] positions at read time. The values the reader returns:
+  input_ids    the token ids.
   segment_ids  which document a position belongs to, 1..k within the row, 0 = padding. [CLS] belongs to
                segment 1 and a document's [SEP] to its document, so "attend only where segment ids are
-               equal" masks attention across documents. uint8 when seq_len <= 256 (k < seq_len), else uint16.
-  word_start   uint8, 1 where a token starts a word, 0 for [CLS]/[SEP]/[PAD]. In space-delimited text a word
+               equal" masks attention across documents.
+  word_start   1 where a token starts a word, 0 for [CLS]/[SEP]/[PAD]. In space-delimited text a word
                is a pre-token (``Encoding.word_ids`` changes: WordPiece, byte-level BPE and Unigram alike); in
                runs of Han, Kana, Thai, Lao, Khmer and Myanmar, whose pre-tokens are whole clauses, the words
                come from ICU's dictionary word-break iterator, and a word keeps its combining marks (vowel
@@ -23,8 +25,8 @@ Columns (each a ``fixed_size_list<_, seq_len>``):
 
 File format: uncompressed Arrow IPC **stream** format, one record batch per file. Under ``pa.memory_map``
 it opens zero-copy (0 bytes allocated, like the IPC file format; compression would copy everything) and it
-is the format ``datasets.Dataset.from_file`` reads, so the shards are a Hugging Face dataset as they are
-(the IPC *file* format fails there with "Expected to read ... metadata bytes").
+is the format ``datasets.Dataset.from_file`` reads (the IPC *file* format fails there with "Expected to read ...
+metadata bytes"); ``reader.as_hf_dataset`` adds the decoding as a transform.
 """
 from __future__ import annotations
 
@@ -35,33 +37,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from mlm_core.errors import StageError
 from mlm_core.shards.encode import Encoded, _select
+from mlm_core.shards.layout import Layout, id_capacity, segment_dtype, shard_schema, token_dtype  # noqa: F401
 from mlm_core.store import sha256_file
 
 
 # ------------------------------------------------------------------------------------------ format
-def token_dtype(vocab_size: int) -> np.dtype:
-    """The narrowest unsigned type holding every token id."""
-    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
-
-
-def id_capacity(vocab_size: int) -> int:
-    """How many ids the token dtype chosen for ``vocab_size`` holds (65536 for uint16): the room a
-    vocabulary has to grow (tokenizer.extend) without changing the dtype of its stored ids."""
-    return int(np.iinfo(token_dtype(vocab_size)).max) + 1
-
-
-def segment_dtype(seq_len: int) -> np.dtype:
-    """A row holds fewer than seq_len segments, so uint8 is enough up to seq_len 256."""
-    return np.dtype(np.uint8) if seq_len <= 256 else np.dtype(np.uint16)
-
-
-def shard_schema(seq_len: int, ids: np.dtype, seg: np.dtype) -> pa.Schema:
-    return pa.schema([
-        ("input_ids", pa.list_(pa.from_numpy_dtype(ids), seq_len)),
-        ("segment_ids", pa.list_(pa.from_numpy_dtype(seg), seq_len)),
-        ("word_start", pa.list_(pa.uint8(), seq_len)),
-    ])
+# token_dtype, id_capacity, segment_dtype, shard_schema live in layout.py (re-exported here for importers)
 
 
 def shard_name(split: str, lang: str, index: int) -> str:
@@ -84,20 +67,18 @@ class ShardWriter:
     out_dir: Path
     split: str
     lang: str
-    seq_len: int
     rows_per_shard: int
-    schema: pa.Schema
-    pad_id: int
+    layout: Layout
     shards: list[dict] = field(default_factory=list)
-    _buf: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    _buf: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     _n: int = 0
 
-    def add(self, ids: np.ndarray, seg: np.ndarray, ws: np.ndarray) -> None:
+    def add(self, ids: np.ndarray, ws: np.ndarray) -> None:
         while len(ids):
             take = min(len(ids), self.rows_per_shard - self._n)
-            self._buf.append((ids[:take], seg[:take], ws[:take]))
+            self._buf.append((ids[:take], ws[:take]))
             self._n += take
-            ids, seg, ws = ids[take:], seg[take:], ws[take:]
+            ids, ws = ids[take:], ws[take:]
             if self._n == self.rows_per_shard:
                 self._write()
 
@@ -107,28 +88,34 @@ class ShardWriter:
         return self.shards
 
     def _write(self) -> None:
-        cols = [np.concatenate([b[i] for b in self._buf]) for i in range(3)]
-        arrays = [pa.FixedSizeListArray.from_arrays(pa.array(c.reshape(-1)), self.seq_len) for c in cols]
-        batch = pa.record_batch(arrays, schema=self.schema)
+        ids, ws = (np.concatenate([b[i] for b in self._buf]) for i in range(2))
         rel = shard_name(self.split, self.lang, len(self.shards))
         path = self.out_dir / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with pa.OSFile(str(path), "wb") as sink, ipc.new_stream(sink, self.schema) as w:
-            w.write_batch(batch)
+        write_rows(path, self.layout, ids, ws)
         self.shards.append({"file": rel, "lang": self.lang, "split": self.split, "rows": int(self._n),
-                            "tokens": int((cols[0] != self.pad_id).sum()), "bytes": path.stat().st_size,
+                            "tokens": int((ids != self.layout.pad).sum()), "bytes": path.stat().st_size,
                             "sha256": sha256_file(path)})
         self._buf, self._n = [], 0
+
+
+def write_rows(path: Path, layout: Layout, ids: np.ndarray, ws: np.ndarray) -> None:
+    """One shard file: (rows, seq_len) ids and word starts, stored per ``layout`` in one record batch."""
+    schema = layout.schema()
+    arrays = [pa.FixedSizeListArray.from_arrays(pa.array(c.reshape(-1)), w)
+              for c, w in zip(layout.encode(ids, ws), layout.widths().values())]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pa.OSFile(str(path), "wb") as sink, ipc.new_stream(sink, schema) as w:
+        w.write_batch(pa.record_batch(arrays, schema=schema))
 
 
 class Packer:
     """Turns one (split, lang) document stream into rows of exactly seq_len (see the module docstring)."""
 
-    def __init__(self, writer: ShardWriter, seq_len: int, cls_id: int, sep_id: int, pad_id: int,
-                 ids_dtype: np.dtype, seg_dtype: np.dtype):
-        self.w, self.seq_len, self.width = writer, seq_len, seq_len - 1
-        self.cls, self.sep, self.pad = cls_id, sep_id, pad_id
-        self.ids_dtype, self.seg_dtype = ids_dtype, seg_dtype
+    def __init__(self, writer: ShardWriter, cls_id: int, where: str = ""):
+        lay = writer.layout
+        self.w, self.seq_len, self.width = writer, lay.seq_len, lay.seq_len - 1
+        self.cls, self.sep, self.pad = cls_id, lay.sep, lay.pad
+        self.ids_dtype, self.where = lay.ids, where
         self.stats = StreamStats()
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # (ids, word_start, doc index)
         self._pending_len = 0
@@ -141,6 +128,11 @@ class Packer:
         if not keep.all():   # a document with no tokens would only add a lone [SEP]
             enc = _select(enc, keep)
             lens = enc.lens
+        if len(enc.ids) and ((enc.ids == self.sep).any() or (enc.ids == self.pad).any()):
+            # segment ids are rebuilt from [SEP] positions and padding from [PAD] ids (layout.py)
+            raise StageError(f"shards: {self.where}: a document encodes to the [SEP] or [PAD] id "
+                             f"({self.sep}/{self.pad}) inside its text; the tokenizer must encode special-token "
+                             "strings as text (encode_special_tokens)")
         n = len(lens)
         total = int(lens.sum()) + n
         sep_pos = np.cumsum(lens + 1) - 1
@@ -188,13 +180,10 @@ class Packer:
         out_ids = np.empty((n, self.seq_len), self.ids_dtype)
         out_ids[:, 0] = self.cls
         out_ids[:, 1:] = ids
-        seg = np.zeros((n, self.seq_len), self.seg_dtype)
         real = doc >= 0
-        seg[:, 1:] = np.where(real, doc - doc[:, :1] + 1, 0)
-        seg[:, 0] = 1
         out_ws = np.zeros((n, self.seq_len), np.uint8)
         out_ws[:, 1:] = ws
         out_ws[:, 1] |= (ids[:, 0] != self.sep) & real[:, 0]   # a row continuing a document starts a word
         self.stats.rows += n
         self.stats.tokens += int(real.sum()) + n
-        self.w.add(out_ids, seg, out_ws)
+        self.w.add(out_ids, out_ws)

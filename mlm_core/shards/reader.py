@@ -1,10 +1,12 @@
 """Reading a shard set: verify it against its manifest, then memory-map the rows zero-copy.
 
 In: a shards stage folder (or its Artifact): ``manifest.json`` + ``train|validation/<lang>-NNNNN.arrow``.
-Out: ``ShardDataset`` with per (split, lang) numpy views of input_ids / segment_ids / word_start
-(shape (rows, seq_len), read-only, backed by the page cache: opening allocates ~0 bytes) and
-``get`` / ``get_batch`` returning torch tensors; ``as_hf_dataset`` returns the same files as a
-``datasets.Dataset`` (memory-mapped, nothing converted or copied).
+Out: ``ShardDataset``: per (split, lang) the stored columns as zero-copy numpy views (``stored``; read-only,
+backed by the page cache: opening allocates ~0 bytes) and, decoded from them at read time (``layout.py``:
+word starts unfolded, segment ids rebuilt from [SEP]), input_ids / segment_ids / word_start (``columns``;
+``Columns.take`` decodes the three for a batch of rows in one pass); ``get`` / ``get_batch`` return torch
+tensors; ``as_hf_dataset`` returns the same files as a ``datasets.Dataset`` (memory-mapped, decoded by a
+transform on access). Format v2 sets (three stored columns) are read as before.
 
 Verification happens before the first row is read (``verify``), with the store's policy
 (``mlm_core.store.verify_files``): every file of the manifest's file table (the shards, ``sampling.parquet``,
@@ -26,11 +28,12 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from mlm_core.errors import StageError
+from mlm_core.shards.layout import Layout, ShardFormatError
 from mlm_core.store import MANIFEST, verify_files
 
 log = logging.getLogger(__name__)
 Verify = Literal["once", "always", "size", "off", "every_open"]
-COLUMNS = ("input_ids", "segment_ids", "word_start")
+COLUMNS = ("input_ids", "segment_ids", "word_start")      # what readers get, whatever is stored
 
 
 class ShardIntegrityError(StageError):
@@ -86,6 +89,10 @@ def check_shard_set(source, verify: Verify = "once", expect_tokenizer_fingerprin
     policy = {"every_open": "always"}.get(verify, verify)
     if policy not in ("always", "once", "size", "off"):
         raise ValueError(f"verify={verify!r}: expected one of always, once, size, off")
+    try:
+        Layout.from_manifest(manifest, str(path))
+    except ShardFormatError as e:
+        raise ShardIntegrityError(str(e)) from None
     problems = []
     if expect_tokenizer_fingerprint is not None:
         got = manifest.get("tokenizer_fingerprint")
@@ -151,34 +158,117 @@ class Rows:
         return self.take(i)
 
 
+class Column:
+    """One decoded column (input_ids, segment_ids or word_start) of one (split, lang), read like ``Rows``:
+    ``take``, indexing, ``len``, ``parts`` (decoded one shard file at a time). Every read is a decoded copy."""
+
+    def __init__(self, cols: "Columns", name: str):
+        self.cols, self.name = cols, name
+
+    def __len__(self) -> int:
+        return len(self.cols)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self), self.cols.layout.seq_len
+
+    @property
+    def dtype(self) -> np.dtype:
+        lay = self.cols.layout
+        return {"input_ids": lay.ids, "segment_ids": lay.seg_dtype, "word_start": np.dtype(np.uint8)}[self.name]
+
+    def _decode(self, stored: dict[str, np.ndarray]) -> np.ndarray:
+        return self.cols.layout.decode_field(stored, self.name)
+
+    def take(self, indices) -> np.ndarray:
+        return self._decode({c: r.take(indices) for c, r in self.cols.stored.items()})
+
+    @property
+    def parts(self) -> "_Parts":
+        return _Parts(self)
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.take(np.arange(len(self)))
+        return arr if dtype is None else arr.astype(dtype)
+
+    def __getitem__(self, i):
+        if isinstance(i, (int, np.integer)):
+            n = len(self)
+            if not -n <= i < n:
+                raise IndexError(f"row {i} out of range for {n} rows")
+            return self.take([int(i)])[0]
+        if isinstance(i, slice):
+            return self.take(np.arange(len(self))[i])
+        return self.take(i)
+
+
+class _Parts:
+    """A column's shard files, decoded lazily one at a time (so a pass over a language holds one file's rows)."""
+
+    def __init__(self, col: Column):
+        self.col = col
+        self.n = len(next(iter(col.cols.stored.values())).parts)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        if not -self.n <= k < self.n:
+            raise IndexError(k)
+        return self.col._decode({c: r.parts[k] for c, r in self.col.cols.stored.items()})
+
+    def __iter__(self):
+        return (self[k] for k in range(self.n))
+
+
+class Columns:
+    """One (split, lang): ``cols["input_ids"|"segment_ids"|"word_start"]`` -> ``Column``; ``take(rows)`` decodes
+    the three at once (input_ids ``ids_dtype``, segment_ids, word_start bool), which is what batch readers use."""
+
+    def __init__(self, layout: Layout, stored: dict[str, Rows]):
+        self.layout, self.stored = layout, stored
+        self._n = len(next(iter(stored.values())))
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, name: str) -> Column:
+        if name not in COLUMNS:
+            raise KeyError(f"{name!r}: expected one of {COLUMNS}")
+        return Column(self, name)
+
+    def keys(self):
+        return COLUMNS
+
+    def take(self, indices, ids_dtype=np.int64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.layout.decode({c: r.take(indices) for c, r in self.stored.items()}, ids_dtype)
+
+
 class ShardDataset:
-    """A verified, memory-mapped shard set. ``ds.input_ids("train", "fr")`` -> Rows of shape (N, seq_len)."""
+    """A verified, memory-mapped shard set. ``ds.input_ids("train", "fr")`` -> Column of shape (N, seq_len)."""
 
     def __init__(self, source, verify: Verify = "once", expect_tokenizer_fingerprint: str | None = None):
         self.path, self.manifest = check_shard_set(source, verify, expect_tokenizer_fingerprint)
+        self.layout = Layout.from_manifest(self.manifest, str(self.path))
         self.seq_len = int(self.manifest["seq_len"])
         self._maps: list = []
-        self._cols: dict[tuple[str, str], dict[str, Rows]] = {}
+        self._stored: dict[tuple[str, str], dict[str, Rows]] = {}
+        self._cols: dict[tuple[str, str], Columns] = {}
         groups: dict[tuple[str, str], list[str]] = {}
         for s in self.manifest["shards"]:
             groups.setdefault((s["split"], s["lang"]), []).append(s["file"])
         for key, files in groups.items():
-            parts: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
+            parts: dict[str, list[np.ndarray]] = {c: [] for c in self.layout.columns}
             for rel in sorted(files):
                 for c, arr in self._map(self.path / rel).items():
                     parts[c].append(arr)
-            self._cols[key] = {c: Rows(tuple(parts[c])) for c in COLUMNS}
+            self._stored[key] = {c: Rows(tuple(parts[c])) for c in self.layout.columns}
+            self._cols[key] = Columns(self.layout, self._stored[key])
 
     def _map(self, file: Path) -> dict[str, np.ndarray]:
         src = pa.memory_map(str(file), "r")
         self._maps.append(src)
-        batch = ipc.open_stream(src).read_next_batch()
-        out = {}
-        for c in COLUMNS:
-            col = batch.column(c)
-            # .values ignores slice offsets (STACK_NOTES §6), but a freshly read batch has none.
-            out[c] = col.values.to_numpy(zero_copy_only=True).reshape(-1, self.seq_len)
-        return out
+        return _columns_of(ipc.open_stream(src).read_next_batch(), self.layout, file)
 
     # --- what is in it
     @property
@@ -195,24 +285,29 @@ class ShardDataset:
         """p(l) of the manifest's sampling table (what LanguageSampler takes)."""
         return {r["lang"]: float(r["p"]) for r in self.manifest["sampling"]["table"]}
 
-    def columns(self, split: str, lang: str) -> dict[str, Rows]:
+    def columns(self, split: str, lang: str) -> Columns:
         try:
             return self._cols[(split, lang)]
         except KeyError:
             raise KeyError(f"no {split!r} rows for language {lang!r} in {self.path} "
                            f"(have: {sorted(self._cols)})") from None
 
-    def input_ids(self, split: str, lang: str) -> Rows:
+    def stored(self, split: str, lang: str) -> dict[str, Rows]:
+        """The stored columns (``layout.columns``) as zero-copy memory-mapped views, undecoded."""
+        self.columns(split, lang)
+        return self._stored[(split, lang)]
+
+    def input_ids(self, split: str, lang: str) -> Column:
         return self.columns(split, lang)["input_ids"]
 
-    def segment_ids(self, split: str, lang: str) -> Rows:
+    def segment_ids(self, split: str, lang: str) -> Column:
         return self.columns(split, lang)["segment_ids"]
 
-    def word_start(self, split: str, lang: str) -> Rows:
+    def word_start(self, split: str, lang: str) -> Column:
         return self.columns(split, lang)["word_start"]
 
     def __len__(self) -> int:
-        return sum(len(c["input_ids"]) for c in self._cols.values())
+        return sum(len(c) for c in self._cols.values())
 
     # --- torch access (torch imported here only)
     def get(self, split: str, lang: str, index: int) -> dict:
@@ -221,18 +316,16 @@ class ShardDataset:
     def get_batch(self, split: str, lang: str, indices: Sequence[int] | np.ndarray, squeeze: bool = False) -> dict:
         """input_ids int64, segment_ids uint8 (int32 when stored as uint16), word_start bool; shape (B, seq_len)."""
         import torch
-        cols = self.columns(split, lang)
-        ids = cols["input_ids"].take(indices).astype(np.int64)
-        seg = cols["segment_ids"].take(indices)
+        ids, seg, ws = self.columns(split, lang).take(indices)
         if seg.dtype != np.uint8:
             seg = seg.astype(np.int32)
-        ws = cols["word_start"].take(indices).view(np.bool_)
         out = {"input_ids": torch.from_numpy(ids), "segment_ids": torch.from_numpy(seg),
                "word_start": torch.from_numpy(ws)}
         return {k: v[0] for k, v in out.items()} if squeeze else out
 
     def close(self) -> None:
         self._cols.clear()
+        self._stored.clear()
         for m in self._maps:
             m.close()
         self._maps.clear()
@@ -244,15 +337,44 @@ class ShardDataset:
         self.close()
 
 
+def _columns_of(batch: pa.RecordBatch, layout: Layout, file) -> dict[str, np.ndarray]:
+    out = {}
+    for c, width in layout.widths().items():
+        if batch.schema.get_field_index(c) < 0:
+            raise ShardIntegrityError(f"{file}: no column {c!r} (format v{layout.version} expected); rebuild it "
+                                      "with `mlm run <config> --only shards --force`")
+        # .values ignores slice offsets (STACK_NOTES §6), but a freshly read batch has none.
+        out[c] = batch.column(c).values.to_numpy(zero_copy_only=True).reshape(-1, width)
+    return out
+
+
+def read_shard_file(folder, rel: str, manifest: dict) -> dict[str, np.ndarray]:
+    """One shard file of a set, decoded: {"input_ids" (stored dtype), "segment_ids", "word_start" (uint8)}."""
+    layout = Layout.from_manifest(manifest, str(folder))
+    with pa.memory_map(str(Path(folder) / rel), "r") as src:
+        stored = _columns_of(ipc.open_stream(src).read_next_batch(), layout, Path(folder) / rel)
+        ids, seg, ws = layout.decode(stored, layout.ids)
+    return {"input_ids": ids, "segment_ids": seg, "word_start": ws.view(np.uint8)}
+
+
 def as_hf_dataset(source, split: str | None = None, lang: str | None = None, verify: Verify = "once",
                   expect_tokenizer_fingerprint: str | None = None):
     """The shard files as one ``datasets.Dataset``: memory-mapped by ``Dataset.from_file`` (the shards are Arrow IPC
-    *stream* files, the format it reads), concatenated without copying. Filter by ``split`` and/or ``lang``."""
+    *stream* files, the format it reads), concatenated without copying. Filter by ``split`` and/or ``lang``.
+    Rows come out decoded (input_ids, segment_ids, word_start; numpy) through a transform (``with_transform``;
+    setting another format on the result shows the stored columns instead)."""
     from datasets import Dataset, concatenate_datasets
     path, manifest = check_shard_set(source, verify, expect_tokenizer_fingerprint)
+    layout = Layout.from_manifest(manifest, str(path))
     files = [s["file"] for s in manifest["shards"]
              if (split is None or s["split"] == split) and (lang is None or s["lang"] == lang)]
     if not files:
         raise KeyError(f"no shards in {path} for split={split!r} lang={lang!r}")
     parts = [Dataset.from_file(str(path / f)) for f in files]
-    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+    ds = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+
+    def decode(batch: dict) -> dict:
+        stored = {c: np.asarray(batch[c], dtype=np.uint8 if c == "word_start_bits" else None) for c in layout.columns}
+        ids, seg, ws = layout.decode(stored, layout.ids)
+        return {"input_ids": ids, "segment_ids": seg, "word_start": ws.view(np.uint8)}
+    return ds.with_transform(decode)

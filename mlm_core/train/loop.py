@@ -107,9 +107,7 @@ class Rows:
         ids, seg, ws = np.empty((B, T), np.int64), np.empty((B, T), np.int32), np.empty((B, T), np.bool_)
         for lang_i in np.unique(li):
             sel, c = li == lang_i, self.cols[lang_i]
-            ids[sel] = c["input_ids"].take(rows[sel])
-            seg[sel] = c["segment_ids"].take(rows[sel])
-            ws[sel] = c["word_start"].take(rows[sel]).view(np.bool_)
+            ids[sel], seg[sel], ws[sel] = c.take(rows[sel])     # decoded from the stored columns in one pass
         return {"input_ids": torch.from_numpy(ids), "segment_ids": torch.from_numpy(seg),
                 "word_start": torch.from_numpy(ws), "seq_ids": torch.from_numpy(self.offsets[li] + rows)}
 
@@ -212,6 +210,9 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     objective.prepare(core, sorted(specials.values()))
     arch = objective.arch(core)
     model = wrap_model(core, cfg.distributed, device, world_size)
+    compiled, why = objective.setup_compile(device, world_size, T)     # pretrain.compile (train.compiled)
+    if rank == 0:
+        log.info("pretrain: compiled training step %s (%s)", "on" if compiled else "off", why)
     opt, sched = build_optimizer(model, cfg)
     from mlm_core.shards import LanguageSampler
     sampler = LanguageSampler(data.rows_per_lang("train"), data.sampling_probs(), seed, rank, world_size)
@@ -283,7 +284,7 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
                 with sync:
                     with autocast(device, cfg.precision):
                         out = objective.forward(model, ids, seg, labels, cfg.label_smoothing,
-                                                sample_generator=sample_gen)
+                                                sample_generator=sample_gen, n_sel=n)
                     loss, logged = objective.step_loss(out, n, n_glob, m_real, m_glob, world_size)
                     loss.backward()
                 parts += torch.stack([x.double() for x in logged]) / world_size
