@@ -131,11 +131,16 @@ def external_input(lc, ref: str | None, field: str, names: tuple[str, ...] | Non
     to another version) a new one."""
     if ref is None:
         return None
+    return {"content_hash": folder_hash(resolve_ref(ref, lc, field), lc, field, names)}
+
+
+def folder_hash(folder: Path, lc, field: str, names: tuple[str, ...] | None = None) -> str:
+    """``content_hash`` of a resolved folder (cached under the workdir); errors name ``field``."""
     try:
-        return {"content_hash": content_hash(resolve_ref(ref, lc, field), cache_dir(lc), names)}
+        return content_hash(folder, cache_dir(lc), names)
     except ExternalRefError as e:
         raise ExternalRefError(str(e) if str(e).startswith(field) else f"{field}: {e}") from None
 
 
 __all__ = ["ExternalRefError", "TOKENIZER_FILES", "register_resolver", "resolve_ref", "content_hash", "is_registry_ref",
-           "cache_dir", "external_input"]
+           "cache_dir", "external_input", "folder_hash"]

@@ -125,10 +125,18 @@ def _tokenizer_inputs(lc: LoadedConfig):
 
 
 def _pretrain_inputs(lc: LoadedConfig):
-    """The initial checkpoint's content hash (pretrain.init_from); None: a fresh model."""
-    from mlm_core.external import external_input
-    got = external_input(lc, lc.config.pretrain.init_from, "pretrain.init_from")
-    return None if got is None else {"init_from": got}
+    """The initial checkpoint's content hash (pretrain.init_from); None: a fresh model. An ELECTRA export given
+    by its generator folder ``<run>/hf`` also reads the sibling ``<run>/hf-discriminator``: hashed too."""
+    from mlm_core.external import folder_hash, resolve_ref
+    ref, field = lc.config.pretrain.init_from, "pretrain.init_from"
+    if ref is None:
+        return None
+    folder = resolve_ref(ref, lc, field)
+    got = {"content_hash": folder_hash(folder, lc, field)}
+    sibling = folder.parent / "hf-discriminator"
+    if folder.name == "hf" and sibling.is_dir():
+        got["discriminator_content_hash"] = folder_hash(sibling, lc, field)
+    return {"init_from": got}
 
 
 def _run_tokenizer(lc, upstream, out_dir):

@@ -61,8 +61,10 @@ def trajectory_key(lc, upstream: dict) -> str:
 
 
 def _init_input(lc) -> dict | None:
-    from mlm_core.external import external_input
-    return external_input(lc, lc.config.pretrain.init_from, "pretrain.init_from")
+    """init_from's content hash(es), as the pretrain stage's fingerprint records them (``mlm_core.stages``)."""
+    from mlm_core.stages import STAGES
+    got = STAGES["pretrain"].inputs(lc)
+    return None if got is None else got["init_from"]
 
 
 def default_checkpoint_dir(lc, upstream: dict) -> Path:
