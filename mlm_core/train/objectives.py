@@ -23,6 +23,19 @@ class MLM:
 
     def __init__(self, cfg: PretrainConfig):
         self.cfg = cfg
+        self.compiled = None                # a compiled.CompiledForward once setup_compile() turned it on
+
+    def setup_compile(self, device: torch.device, world_size: int, seq_len: int) -> tuple[bool, str]:
+        """Decide pretrain.compile (``compiled.use_compile``) and, when on, route training micro-batches
+        through the fixed-shape compiled graph; returns (on, why)."""
+        from mlm_core.train.compiled import CompiledForward, use_compile
+        on, why = use_compile(self.cfg, device, world_size)
+        if on:
+            self.compiled = CompiledForward(self.name, self.masking(self.cfg.masking), self.cfg.batch_size, seq_len)
+        return on, why
+
+    def _compiled(self, model, ids) -> bool:
+        return self.compiled is not None and self.compiled.applies(model, ids)
 
     def build(self, vocab_size: int, pad_id: int, special_ids: list[int] | None = None) -> nn.Module:
         from mlm_core.model import MLMEncoder, resolve_arch
@@ -44,7 +57,12 @@ class MLM:
         return core
 
     def forward(self, model: nn.Module, ids, seg, labels, label_smoothing: float = 0.0,
-                sample_generator: torch.Generator | None = None) -> dict:
+                sample_generator: torch.Generator | None = None, n_sel: int | None = None) -> dict:
+        """The model's output dict; ``n_sel``: the selected count when the caller knows it (saves a device sync
+        on the compiled path). Training micro-batches go through the compiled graph when it is on (they
+        then carry only the losses and n_predictions); evaluation always runs eagerly."""
+        if self._compiled(model, ids):
+            return self.compiled(model, ids, seg, labels, label_smoothing, n_sel, sample_generator)
         return model(ids, seg, labels, label_smoothing)
 
     def step_loss(self, out: dict, n: int, n_glob: float, m_real: int, m_glob: float,
@@ -79,7 +97,10 @@ class Electra(MLM):
     def mlm_model(core: nn.Module) -> nn.Module:
         return core.gen
 
-    def forward(self, model, ids, seg, labels, label_smoothing: float = 0.0, sample_generator=None) -> dict:
+    def forward(self, model, ids, seg, labels, label_smoothing: float = 0.0, sample_generator=None,
+                n_sel: int | None = None) -> dict:
+        if self._compiled(model, ids):
+            return self.compiled(model, ids, seg, labels, label_smoothing, n_sel, sample_generator)
         return model(ids, seg, labels, label_smoothing, sample_generator=sample_generator)
 
     def step_loss(self, out, n, n_glob, m_real, m_glob, world_size):

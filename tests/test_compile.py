@@ -1,0 +1,202 @@
+"""pretrain.compile: the fixed-shape compiled training forward (mlm_core.train.compiled).
+
+One graph per objective (and dropout value) for the whole process: dynamo's cache for the compiled
+function holds one entry after runs with a masking-rate schedule and all three strategies (no recompile:
+not within a run, not across runs, models or strategies), no graph break (the graph is compiled with
+fullgraph=True and the break counter stays empty), the compiled losses follow the eager loop's (same
+masks, same optimizer; dropout 0 so both draw no dropout noise) within a relative 2e-4 per logged step
+(float rounding: fused kernels and another summation order, compounded over 20 AdamW steps), and a
+compiled run stopped at step 10 and resumed logs exactly the losses of an uninterrupted compiled run
+(dropout on: inductor's dropout generator is seeded from torch's global RNG, which checkpoints restore).
+
+Compiling costs ~30-60 s per graph on the loaded 2-core box, so the module shares three graphs (MLM
+dropout 0, MLM dropout 0.1, ELECTRA dropout 0) between its tests; the tiny shape (batch 4 x 32) puts
+every strategy's budget at the cap B x T, so the strategies share the MLM graph too (the budget below the
+cap is checked on the bare function against the eager model, on a fourth, smaller graph).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from test_train import read_metrics, run, tiny_cfg, tiny_shards
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+REL = 2e-4
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return tiny_shards(tmp_path_factory.mktemp("tinyc"))
+
+
+def _entries(fn) -> int:
+    """Compiled variants dynamo holds for ``fn`` (1 = compiled once, never recompiled)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    return len(_debug_get_cache_entry_list(fn.__code__))
+
+
+def _losses(d, key="loss"):
+    return [r[key] for r in read_metrics(d)]
+
+
+def _close(a, b, rel=REL):
+    assert len(a) == len(b)
+    bad = [(i, x, y) for i, (x, y) in enumerate(zip(a, b)) if not math.isclose(x, y, rel_tol=rel)]
+    assert not bad, f"compiled vs eager differ beyond {rel}: {bad[:5]}"
+
+
+def test_mlm_one_graph_across_schedule_and_strategies_matches_eager(shards, tmp_path):
+    from torch._dynamo.utils import counters
+
+    from mlm_core.train import compiled
+    breaks, entries = sum(counters["graph_break"].values()), None
+    for strategy in ("token", "whole_word", "span"):
+        kw = dict(steps=20, masking={"strategy": strategy, "schedule": "cosine", "rate_max": 0.4},
+                  model={"dropout": 0.0}, log_every=1)
+        r = run(tiny_cfg(compile="on", **kw), shards[0], tmp_path / f"c-{strategy}")
+        run(tiny_cfg(compile="off", **kw), shards[0], tmp_path / f"e-{strategy}")
+        rates = [x["masking_rate"] for x in read_metrics(tmp_path / f"c-{strategy}")]
+        assert max(rates) > 0.35 and min(rates) < 0.12       # the schedule really moved the rate
+        _close(_losses(tmp_path / f"c-{strategy}"), _losses(tmp_path / f"e-{strategy}"))
+        assert r["completed"]
+        entries = entries if entries is not None else _entries(compiled.mlm_loss)
+        assert entries >= 1                                       # the loop really ran the compiled graph
+        assert _entries(compiled.mlm_loss) == entries           # no recompile: one graph for 60 steps, 3 strategies
+    assert sum(counters["graph_break"].values()) == breaks
+
+
+def test_compiled_resume_is_exact_with_dropout(shards, tmp_path):
+    """20 compiled steps straight == 10, stop, resume to 20 (span masking, cosine schedule, dropout 0.1)."""
+    cfg = tiny_cfg(compile="on", steps=20, checkpoint_every=5, log_every=1, model={"dropout": 0.1},
+                   masking={"strategy": "span", "schedule": "cosine"})
+    run(cfg, shards[0], tmp_path / "a")
+    first = run(cfg, shards[0], tmp_path / "b", stop_after=10)
+    assert first["step"] == 10
+    second = run(cfg, shards[0], tmp_path / "b")
+    assert second["resumed_from"] == 10 and second["completed"]
+    a, b = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
+    assert [(r["step"], r["loss"], r["masking_rate"]) for r in a] == [(r["step"], r["loss"], r["masking_rate"])
+                                                                      for r in b]
+
+
+def test_electra_compiles_once_matches_eager_and_resumes(shards, tmp_path):
+    from mlm_core.train import compiled
+    kw = dict(objective="electra", steps=16, checkpoint_every=4, log_every=1, model={"dropout": 0.0},
+              masking={"schedule": "linear"})
+    run(tiny_cfg(compile="off", **kw), shards[0], tmp_path / "e")
+    run(tiny_cfg(compile="on", **kw), shards[0], tmp_path / "c")
+    entries = _entries(compiled.electra_loss)
+    assert entries >= 1
+    for part in ("loss", "mlm_loss", "disc_loss"):
+        _close(_losses(tmp_path / "c", part), _losses(tmp_path / "e", part))
+    run(tiny_cfg(compile="on", **kw), shards[0], tmp_path / "r", stop_after=8)
+    run(tiny_cfg(compile="on", **kw), shards[0], tmp_path / "r")
+    assert _losses(tmp_path / "r") == _losses(tmp_path / "c")
+    assert _entries(compiled.electra_loss) == entries             # the resumed runs reused the graph
+
+
+def test_budget_below_the_cap_gives_the_eager_loss_and_gradients():
+    """The bare graph at a budget < B x T (padding rows present) against MLMEncoder.forward: loss and every
+    gradient; a second micro-batch with another selected count reuses the graph."""
+    import torch
+
+    from mlm_core.config import MaskingConfig, ModelConfig
+    from mlm_core.masking import Masker
+    from mlm_core.model import MLMEncoder, resolve_arch
+    from mlm_core.train.compiled import masked_budget, mlm_loss
+    B, T, V = 16, 32, 300
+    mcfg = MaskingConfig(rate=0.15)
+    budget = masked_budget(mcfg, B, T)
+    assert budget < B * T
+    torch.manual_seed(0)
+    enc = MLMEncoder(resolve_arch(ModelConfig(size="tiny", layers=1, hidden=32, heads=2, ffn=64, max_positions=64,
+                                              dropout=0.0), V, 0)).train()
+    def own(*a):        # its own code object: this graph does not sit in the loop's cache for mlm_loss
+        return mlm_loss(*a)
+    fn = torch.compile(own, fullgraph=True, dynamic=False)
+    masker = Masker(mcfg, V, [0, 1, 2, 3, 4], 4, 0, 1)
+    seg = torch.ones(B, T, dtype=torch.int32)
+    seg[:, 20:] = 2
+    seg[3, 25:] = 0
+    for k in range(2):
+        ids = torch.randint(5, V, (B, T), generator=torch.Generator().manual_seed(k))
+        m = masker(ids, torch.ones(B, T, dtype=torch.bool), 0, generator=torch.Generator().manual_seed(k))
+        assert 0 < int(m.selected.sum()) < budget
+        enc.zero_grad()
+        ref = enc(m.input_ids, seg, m.labels, 0.1)["loss"]
+        ref.backward()
+        g_ref = {n: p.grad.clone() for n, p in enc.named_parameters()}
+        enc.zero_grad()
+        got = fn(enc, m.input_ids, seg, m.labels, 0.1, budget)
+        got.backward()
+        assert abs(float(got.detach()) - float(ref.detach())) <= 1e-5 * abs(float(ref.detach()))
+        for n, p in enc.named_parameters():
+            torch.testing.assert_close(p.grad, g_ref[n], rtol=1e-4, atol=1e-6, msg=n)
+    assert _entries(own) == 1
+
+
+# ------------------------------------------------------------------------------------------------ budget
+def test_budget_covers_real_masks_at_the_highest_rate(shards):
+    """On the real tiny shards, 200 micro-batches of 64 x 32 per strategy at rate 0.4: no selected count
+    reaches the budget (independent check of the 8-sigma margin, unit sizes included)."""
+    import numpy as np
+    import torch
+
+    from mlm_core.config import MaskingConfig
+    from mlm_core.masking import Masker
+    from mlm_core.shards import ShardDataset
+    from mlm_core.train.compiled import masked_budget
+    ds = ShardDataset(shards[0])
+    sp = sorted(int(e["id"]) for e in ds.manifest["special_tokens"].values())
+    B = 64
+    for strategy in ("token", "whole_word", "span"):
+        mcfg = MaskingConfig(strategy=strategy, schedule="linear", rate_max=0.4, rate_min=0.1)
+        budget = masked_budget(mcfg, B, ds.seq_len)
+        masker = Masker(mcfg, int(ds.manifest["vocab_size"]), sp, 4, 0, 100, unk_id=1)
+        g, rng, worst = torch.Generator().manual_seed(1), np.random.default_rng(0), 0
+        n_rows = ds.rows_per_lang("train")["en"]
+        for _ in range(200):
+            b = ds.get_batch("train", "en", rng.integers(0, n_rows, B))
+            worst = max(worst, int(masker(b["input_ids"], b["word_start"], 0, generator=g).selected.sum()))
+        assert worst < budget, (strategy, worst, budget)
+
+
+def test_budget_formula_and_ladder():
+    from mlm_core.config import MaskingConfig
+    from mlm_core.train.compiled import budget_for, masked_budget
+    # 0.15 x 4096 + 8 sqrt(0.15 x 0.85 x 4096) = 614.4 + 180.7 = 795.1 -> 832 (multiple of 64)
+    assert masked_budget(MaskingConfig(rate=0.15), 32, 128) == 832
+    # a schedule budgets its highest rate: 0.3 x 4096 + 8 sqrt(0.21 x 4096) = 1228.8 + 234.6 -> 1472
+    assert masked_budget(MaskingConfig(schedule="cosine", rate_max=0.3), 32, 128) == 1472
+    assert masked_budget(MaskingConfig(rate=0.5), 2, 8) == 16                       # never above B x T
+    assert budget_for(800, 832, 4096) == 832
+    assert budget_for(833, 832, 4096) == 1280 and budget_for(4096, 832, 4096) == 4096
+
+
+def test_auto_on_off_and_unsupported(monkeypatch):
+    import torch
+
+    from mlm_core.config import PretrainConfig
+    from mlm_core.train import compiled
+    cpu = torch.device("cpu")
+    cfg = lambda **kw: PretrainConfig.model_validate(kw)                        # noqa: E731
+    assert compiled.use_compile(cfg(compile="off", steps=10 ** 6), cpu, 1)[0] is False
+    assert compiled.use_compile(cfg(compile="auto", steps=100), cpu, 1)[0] is False      # too short to pay off
+    assert compiled.use_compile(cfg(compile="on", steps=10 ** 6), cpu, 2)[0] is False    # torchrun
+    monkeypatch.setattr(compiled, "compile_support", lambda device: None)
+    assert compiled.use_compile(cfg(compile="auto", steps=1000, grad_accum=2), cpu, 1)[0] is True
+    monkeypatch.setattr(compiled, "compile_support", lambda device: "no C++ compiler")
+    assert compiled.use_compile(cfg(compile="auto", steps=10 ** 6), cpu, 1) == (False, "no C++ compiler")
+    with pytest.raises(RuntimeError, match="pretrain.compile: on.*no C\\+\\+ compiler"):
+        compiled.use_compile(cfg(compile="on"), cpu, 1)
+    # YAML 1.1 reads a bare on / off as booleans
+    assert cfg(compile=True).compile == "on" and cfg(compile=False).compile == "off"
+
+
+def test_compile_is_not_in_the_fingerprint():
+    from mlm_core.config import PretrainConfig
+    from mlm_core.train.loop import train_fingerprint
+    fps = {train_fingerprint(PretrainConfig(compile=c), 0) for c in ("auto", "on", "off")}
+    assert len(fps) == 1
