@@ -192,6 +192,15 @@ def test_electra_pair_with_objective_mlm_is_refused(family_runs):
         run_stages(tmp / "cfg.yaml", ["pretrain.objective=mlm"])
 
 
+def test_electra_generator_alone_continues_as_an_mlm(family_runs, tmp_path):
+    """Pointing at the generator folder alone is the deliberate way to continue an ELECTRA generator with MLM."""
+    ckpt = family_runs["electra"][0] / "generator"
+    arts = run_stages(write_config(tmp_path, ckpt))
+    assert arts["pretrain"].manifest["init_from"]["family"] == "electra"
+    assert hf_model(arts["pretrain"].path / "hf").__class__.__name__ == "ElectraForMaskedLM"
+    assert not (arts["pretrain"].path / "hf-discriminator").exists()
+
+
 def test_roberta_with_objective_electra_is_refused(family_runs):
     from mlm_core.errors import StageError
     _, _, tmp = family_runs["roberta"]
