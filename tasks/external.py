@@ -5,7 +5,8 @@ the registry: ``tracking.uri``, else ``$MLM_TRACKING_URI``, else ``<workdir>/mlf
 folder of that version, downloaded ONCE into ``<workdir>/imports/models/<name>/v<version>/``.
 
 The alias is looked up on every call (it may move: a moved alias resolves to another version folder, whose
-content hash gives new fingerprints); a version is immutable, so its folder is reused. The download goes to
+content hash gives new fingerprints); a version is immutable, so its folder is reused (``NAME/VERSION`` with
+an intact import does not even ask the registry: it works offline). The download goes to
 a temporary folder renamed into place (a killed download never looks complete), and ``.mlm-import.json``
 records the model folder inside it and its content hash, re-checked on every reuse (a file edited or
 deleted since is downloaded again, with a warning).
@@ -97,10 +98,20 @@ def resolve(ref: str, lc) -> Path:
     """The local model folder of ``ref`` (see the module docstring)."""
     from mlm_core.external import cache_dir, content_hash
     from mlm_core.locks import file_lock
+    from tasks.registry import RegistryError, _parse_ref
+    cache = cache_dir(lc)
+    try:
+        name, _, pinned = _parse_ref(ref)
+    except RegistryError as e:
+        raise RegistryImportError(str(e)) from None
+    imports = Path(lc.workdir) / "imports" / "models" / _safe(name)
+    if pinned is not None and pinned.isdigit() and (imports / f"v{int(pinned)}").is_dir():
+        # a version never changes: an intact import is used without asking the registry (works offline)
+        if (got := _reuse(imports / f"v{int(pinned)}", cache)) is not None:
+            return got
     uri = _tracking_uri(ref, lc)
     name, version = _version(ref, uri)
-    dest = Path(lc.workdir) / "imports" / "models" / _safe(name) / f"v{version}"
-    cache = cache_dir(lc)
+    dest = imports / f"v{version}"
     if dest.is_dir() and (got := _reuse(dest, cache)) is not None:
         return got
     with file_lock(dest.parent / f".v{version}.lock", f"import of {name} version {version}"):

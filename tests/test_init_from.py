@@ -282,6 +282,9 @@ def test_registry_address_is_imported_once_and_fingerprinted_by_content(family_r
     assert content_hash(v1) == content_hash(ckpt) and calls == [1]
     assert fps(load_config(cfg, [f"pretrain.init_from={ckpt}"])) == first      # same files, same fingerprints
     assert fps(lc) == first and calls == [1]                                   # reused, not downloaded again
+    # a pinned version already imported needs no registry at all (offline; tracking off)
+    pinned = load_config(cfg, ["pretrain.init_from=models:/tiny-bert/1", "tracking.enabled=false"])
+    assert fps(pinned) == first and calls == [1]
     # another version behind the alias: new weights, same tokenizer
     v2_src = tmp_path / "v2"
     shutil.copytree(ckpt, v2_src)
