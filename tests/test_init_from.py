@@ -6,9 +6,12 @@ on a tiny en/ru corpus with pretrain.init_from = that folder:
   (b) 20 steps lower the MLM loss on the training text: computed here, with transformers, on the same
       masked rows, for the checkpoint before and the export after (independent of the loop's logging);
   (c) the export reloads in the checkpoint's own transformers class with logits equal to ours (< 1e-4).
-Step-0 equality (our logits = transformers' before training) is H1's per-family test (test_pretrained.py);
-here the grown vocabulary's new rows are checked at step 0 against the piece means. Plus the cross cases,
-the registry resolver, one run through the Prefect flows, and the bad inputs.
+  (a) before training, the model the stage builds (prepare -> build: what the loop and the torchrun workers
+      start from) has transformers' logits on the checkpoint (< 1e-4); the reader itself is tested per
+      family in test_pretrained.py.
+The grown vocabulary's new rows are checked at step 0 against the piece means. Plus the objective x
+checkpoint cross cases, resume over init, the registry resolver, one run through the Prefect flows, two
+torchrun processes, and the bad inputs.
 """
 from __future__ import annotations
 
@@ -121,6 +124,29 @@ def test_continued_training_lowers_the_loss_and_exports_the_same_family(family_r
     if family == "electra":
         disc = hf_model(pre.path / "hf-discriminator")
         assert type(disc).__name__ == "ElectraForPreTraining"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_model_the_stage_starts_from_equals_the_checkpoint(family_runs, family):
+    """(a) through the stage's own path (prepare -> build, what the loop and the torchrun workers train): before
+    any step, our logits equal transformers' on the checkpoint (ELECTRA: generator and discriminator)."""
+    import torch
+
+    from mlm_core.configio import load_config
+    from mlm_core.train.init_from import build, prepare
+    ckpt, arts, tmp = family_runs[family]
+    lc = load_config(tmp / "cfg.yaml")
+    model = build(lc.config.pretrain, prepare(lc, arts["shards"], arts["tokenizer"])).eval()
+    ids, att, _ = masked_rows(arts["shards"])
+    seg = (att > 0).long()
+    real = att > 0
+    pairs = [(model, ckpt)] if family != "electra" else [(model.gen, ckpt / "generator"), (model.disc, ckpt)]
+    for ours, folder in pairs:
+        with torch.no_grad():
+            theirs = hf_model(folder)(input_ids=ids, attention_mask=att).logits
+            mine = ours.full_rtd_logits(ids, seg) if folder == ckpt and family == "electra" else \
+                ours.full_logits(ids, seg)
+        assert torch.allclose(mine[real], theirs[real], atol=1e-4), (folder, float((mine - theirs)[real].abs().max()))
 
 
 def test_tokenizer_is_the_checkpoints_own(family_runs):
