@@ -26,8 +26,8 @@ checkpoints live in a stable folder keyed by the training *trajectory*, not by t
 pretrain fields declared ``output`` (``loop.train_fingerprint``: what the weights depend on), the seed, the
 upstream shards/tokenizer output keys, pretrain's code_version and init_from's content hash (not its path).
 Changing a knob that does not change the weights (checkpoint_every, eval_every, log_every, device, ...)
-therefore resumes from the newest complete checkpoint instead of restarting at step 0. Pass ``checkpoint_dir`` to override.
-Training runs in-process for one process, else under torchrun (``distributed``).
+therefore resumes from the newest complete checkpoint instead of restarting at step 0. Pass ``checkpoint_dir``
+to override. Training runs in-process for one process, else under torchrun (``distributed``).
 """
 from __future__ import annotations
 
