@@ -8,6 +8,7 @@ no download:
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/normalize.py                       # 10, 100, 1000 MB
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/normalize.py --sizes 10,100
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/normalize.py --skip-baseline-above 100
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/normalize.py --sizes 10 --profile   # where ours' time goes
 
 Measured, each in a fresh subprocess (peak RSS = max over time of the summed RSS of the process
 tree, polled every 50 ms; ru_maxrss = the kernel's largest single process, from wait4):
@@ -47,8 +48,16 @@ def _files(root: Path, size: int) -> dict[str, list[str]]:
 
 
 def job_ours(root: Path, size: int) -> dict:
+    t_imp = time.perf_counter()
+    # the stage's libraries (numpy, pyarrow, duckdb; pyarrow imports pandas at its first pa.array), timed apart
+    # like the HF side's `import datasets`, which pulls in the same
+    import pyarrow as pa
+
+    import mlm_core.normalize.stage  # noqa: F401
     from mlm_core import stages
     from mlm_core.configio import load_config
+    pa.array([0])
+    imports = time.perf_counter() - t_imp
     work = root / f"ours-{size}MB"
     lc = load_config(raw={"name": "bench-normalize", "workdir": str(work),
                           "sources": {lang: {"paths": fs} for lang, fs in _files(root, size).items()},
@@ -57,8 +66,8 @@ def job_ours(root: Path, size: int) -> dict:
     art, _ = stages.execute(lc, "normalize", stages.plan(lc), force=True)
     dt = time.perf_counter() - t0
     c = art.manifest["counts"]
-    return {"seconds": dt, "docs": c["docs"], "duplicates": c["duplicates"], "quarantined": c["quarantined"],
-            "records": c["records"], "path": str(art.path)}
+    return {"seconds": dt, "imports": imports, "docs": c["docs"], "duplicates": c["duplicates"],
+            "quarantined": c["quarantined"], "records": c["records"], "path": str(art.path)}
 
 
 def job_hf(root: Path, size: int) -> dict:
@@ -69,8 +78,9 @@ def job_hf(root: Path, size: int) -> dict:
     import hashlib
     import re
     import unicodedata
-
+    t_imp = time.perf_counter()
     from datasets import load_dataset
+    imports = time.perf_counter() - t_imp
     files = [f for fs in _files(root, size).values() for f in fs]
     drop = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\u200b\u2060\ufeff\u00ad\u180e]")
     space = re.compile(r"\s+")
@@ -102,8 +112,39 @@ def job_hf(root: Path, size: int) -> dict:
     ds.to_parquet(str(hf / "docs.parquet"))
     dt = time.perf_counter() - t0
     cache = sum(f.stat().st_size for f in (hf / "cache").rglob("*") if f.is_file())
-    return {"seconds": dt, "docs": len(ds), "duplicates": kept - len(ds), "quarantined": None,
+    return {"seconds": dt, "imports": imports, "docs": len(ds), "duplicates": kept - len(ds), "quarantined": None,
             "records": records, "cache_bytes": cache}
+
+
+def job_profile(root: Path, size: int) -> dict:
+    """Where ours' time goes (``--profile``): each library import timed in turn, then cProfile of the stage."""
+    import cProfile
+    import io
+    import pstats
+    imports = {}
+    for name, stmt in (("numpy", "import numpy"), ("pyarrow (+compute, parquet)",
+                                                     "import pyarrow, pyarrow.compute, pyarrow.parquet"),
+                       ("pandas (pyarrow's first pa.array)", "import pyarrow as pa; pa.array([0])"),
+                       ("duckdb", "import duckdb"), ("mlm_core.stages + config (pydantic)",
+                                                     "import mlm_core.stages, mlm_core.configio"),
+                       ("mlm_core.normalize.stage (rest)", "import mlm_core.normalize.stage")):
+        t = time.perf_counter()
+        exec(stmt, {})
+        imports[name] = time.perf_counter() - t
+    from mlm_core import stages
+    from mlm_core.configio import load_config
+    lc = load_config(raw={"name": "bench-normalize", "workdir": str(root / f"profile-{size}MB"),
+                          "sources": {lang: {"paths": fs} for lang, fs in _files(root, size).items()},
+                          "normalize": {"workers": WORKERS, "min_chars": MIN_CHARS, "max_chars": MAX_CHARS}})
+    pr = cProfile.Profile()
+    t = time.perf_counter()
+    pr.enable()
+    stages.execute(lc, "normalize", stages.plan(lc), force=True)
+    pr.disable()
+    dt = time.perf_counter() - t
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("cumulative").print_stats(r"mlm_core|duckdb|parquet|compute", 30)
+    return {"imports": imports, "seconds": dt, "profile": out.getvalue()}
 
 
 # ----------------------------------------------------------------------------------------- main
@@ -114,6 +155,8 @@ def main() -> None:
     ap.add_argument("--skip-baseline-above", type=float, default=None, metavar="MB",
                     help="do not run the HF baseline for sizes above this (it is slow at 1 GB)")
     ap.add_argument("--keep-hf", action="store_true", help="keep the HF cache/output folders (deleted by default)")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile ours at the first size instead (import times + cProfile, in this process)")
     ap.add_argument("--job", choices=["ours", "hf"], help=argparse.SUPPRESS)
     ap.add_argument("--size", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -125,6 +168,12 @@ def main() -> None:
 
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     root.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        write_corpus(root, sizes[0])
+        r = job_profile(root, sizes[0])
+        print(table(["import", "s"], [[k, f"{v:.3f}"] for k, v in r["imports"].items()]))
+        print(f"\nstage (cProfile on, so slower): {r['seconds']:.2f} s\n{r['profile']}")
+        return
     print(f"{os.cpu_count()} cores, workers/num_proc {WORKERS}, scratch {root}", flush=True)
     res: dict[int, dict] = {}
     for size in sizes:
@@ -153,6 +202,20 @@ def main() -> None:
     print("\nnormalize: ours (mlm_core normalize stage) vs HF datasets (load_dataset text + map + set dedup + to_parquet)\n")
     print(table(["size", "ours MB/s", "HF MB/s", "speedup", "ours peak RSS", "HF peak RSS", "ours s/MB",
                  "ours s", "HF s"], rows))
+    print("\nfixed costs: library imports timed apart (ours: numpy, pyarrow, duckdb, pandas via pyarrow; HF: "
+          "`import datasets`), and the whole job process (interpreter start to exit)\n")
+    rows = []
+    for size, r in res.items():
+        o, h = r["ours"], r.get("hf")
+        if not h:
+            continue
+        oi, hi_ = o["seconds"] + o["imports"], h["seconds"] + h["imports"]
+        rows.append([f"{size} MB", f"{o['imports']:.2f}", f"{h['imports']:.2f}", f"{o['seconds']:.2f}",
+                     f"{h['seconds']:.2f}", f"{h['seconds'] / o['seconds']:.2f}x", f"{oi:.2f}", f"{hi_:.2f}",
+                     f"{hi_ / oi:.2f}x", f"{o['wall_s']:.2f}", f"{h['wall_s']:.2f}", f"{h['wall_s'] / o['wall_s']:.2f}x"])
+    print(table(["size", "ours imports s", "HF imports s", "ours work s", "HF work s", "work speedup",
+                 "ours imports+work s", "HF imports+work s", "speedup", "ours process s", "HF process s",
+                 "process speedup"], rows))
     print()
     rows = []
     for size, r in res.items():
