@@ -272,7 +272,9 @@ def test_external_folders_enter_by_content_not_path(tmp_path, external):
     assert {n for n in after if after[n] != base[n]} == set(DOWNSTREAM["tokenizer"])
 
 
-def test_external_reference_errors_name_the_field(tmp_path):
+def test_external_reference_errors_name_the_field(tmp_path, monkeypatch):
+    from mlm_core import external
+    monkeypatch.setattr(external, "_RESOLVERS", {})     # mlm_core alone: no registry resolver (flows installs one)
     with pytest.raises(Exception, match=r"pretrain\.init_from: .*missing.* does not exist"):
         stages.plan(load_config(DEMO, raw=_raw(tmp_path, {"pretrain.init_from": str(tmp_path / "missing")})))
     with pytest.raises(Exception, match=r"tokenizer\.from: 'models:/m@champion' is a registry address"):
