@@ -142,7 +142,7 @@ class TokenizerConfig(Section):
         "token added by extend). Default: "
         "pretrain.init_from when that is set.", json_schema_extra={"effect": "output"})
     extend: int = Field(
-        default=0, ge=0, description="With `from`: learn up to this many new tokens from this corpus that the base "
+        default=0, ge=0, description="With `from` (or pretrain.init_from): learn up to this many new tokens from this corpus that the base "
         "vocabulary lacks (same balanced sample), appended after the existing ids so every old id keeps its "
         "meaning; pretrain initializes each new embedding as the mean of its base pieces. 0 = off.",
         json_schema_extra={"effect": "output"})
