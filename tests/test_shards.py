@@ -20,6 +20,7 @@ from mlm_core.configio import load_config
 from mlm_core.errors import StageError
 from mlm_core.shards import ShardDataset, ShardIntegrityError, as_hf_dataset, run_shards
 from mlm_core.shards import reader as reader_mod
+from mlm_core.shards.reader import gather_rows
 from mlm_core.store import MANIFEST, Artifact, file_table, write_json_atomic
 
 SENTENCES = {
@@ -182,6 +183,8 @@ def test_rows_are_packed_documents(built, kind):
                 assert (np.asarray(ds.input_ids(split, lang)) == ids).all()
                 assert (np.asarray(ds.word_start(split, lang)) == ws).all()
                 seg = np.asarray(ds.segment_ids(split, lang))
+                # the running [SEP] count: torch (used when imported) and numpy give the same
+                assert all((ds.layout._segments(ids, use_torch=t) == seg).all() for t in (True, False))
             assert seg.dtype == np.uint8
             assert ids.shape[1] == 32 and (ids < m["vocab_size"]).all()
             assert (ids[:, 0] == sp["cls"]).all() and (seg[:, 0] == 1).all() and (ws[:, 0] == 0).all()
@@ -474,6 +477,16 @@ def test_old_format_is_read_and_a_newer_one_refused(built, tmp_path):
             idx = np.arange(len(b.input_ids("train", lang)))
             x, y = a.get_batch("train", lang, idx), b.get_batch("train", lang, idx)
             assert all(torch.equal(x[k], y[k]) for k in x)
+        # a batch mixing languages (what pretrain draws), gathered and decoded at once: row by row the same
+        rng = np.random.default_rng(0)
+        li = rng.integers(0, len(LANGS), 40)
+        rows = np.array([rng.integers(len(b.input_ids("train", LANGS[i]))) for i in li])
+        for ds in (a, b):
+            ids, seg, ws = gather_rows([ds.columns("train", lg) for lg in LANGS], li, rows)
+            for k, (i, r) in enumerate(zip(li, rows)):
+                one = b.get("train", LANGS[i], int(r))
+                assert (ids[k] == one["input_ids"].numpy()).all() and (seg[k] == one["segment_ids"].numpy()).all()
+                assert (ws[k] == one["word_start"].numpy()).all()
     write_json_atomic(old / MANIFEST, {**legacy, "format_version": 9})
     with pytest.raises(ShardIntegrityError, match=rf"{old}.*format version 9.*--only shards --force"):
         ShardDataset(old, verify="off")

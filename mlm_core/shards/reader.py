@@ -244,6 +244,21 @@ class Columns:
         return self.layout.decode({c: r.take(indices) for c, r in self.stored.items()}, ids_dtype)
 
 
+def gather_rows(cols: Sequence[Columns], li: np.ndarray, rows: np.ndarray, ids_dtype=np.int64
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows ``rows[k]`` of language ``cols[li[k]]`` (one fancy-index per language and stored column), decoded in
+    one call for the whole batch: (input_ids ``ids_dtype``, segment_ids, word_start bool), each (B, seq_len)."""
+    layout = cols[0].layout
+    B = len(rows)
+    first = cols[0].stored
+    stored = {c: np.empty((B, r.shape[1]), r.dtype) for c, r in first.items()}
+    for lang_i in np.unique(li):
+        sel = li == lang_i
+        for c, r in cols[lang_i].stored.items():
+            stored[c][sel] = r.take(rows[sel])
+    return layout.decode(stored, ids_dtype)
+
+
 class ShardDataset:
     """A verified, memory-mapped shard set. ``ds.input_ids("train", "fr")`` -> Column of shape (N, seq_len)."""
 

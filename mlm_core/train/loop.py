@@ -103,11 +103,9 @@ class Rows:
         self.offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)   # global sequence ids
 
     def gather(self, li: np.ndarray, rows: np.ndarray) -> dict[str, torch.Tensor]:
-        B, T = len(rows), self.seq_len
-        ids, seg, ws = np.empty((B, T), np.int64), np.empty((B, T), np.int32), np.empty((B, T), np.bool_)
-        for lang_i in np.unique(li):
-            sel, c = li == lang_i, self.cols[lang_i]
-            ids[sel], seg[sel], ws[sel] = c.take(rows[sel])     # decoded from the stored columns in one pass
+        from mlm_core.shards.reader import gather_rows
+        ids, seg, ws = gather_rows(self.cols, li, rows)     # stored rows gathered, then decoded once for the batch
+        seg = seg.astype(np.int32)
         return {"input_ids": torch.from_numpy(ids), "segment_ids": torch.from_numpy(seg),
                 "word_start": torch.from_numpy(ws), "seq_ids": torch.from_numpy(self.offsets[li] + rows)}
 
