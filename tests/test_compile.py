@@ -202,3 +202,28 @@ def test_compile_is_not_in_the_fingerprint():
     from mlm_core.train.loop import train_fingerprint
     fps = {train_fingerprint(PretrainConfig(compile=c), 0) for c in ("auto", "on", "off")}
     assert len(fps) == 1
+
+
+# ------------------------------------------------------------------------------------------------ PLL
+def test_compiled_pll_equals_the_naive_loop_with_one_graph():
+    """Compiled batched PLL (fixed 8 rows per pass, the last pass topped up with padding rows, lengths 1..19
+    so T changes every pass) == score_loop (one unpadded copy per forward, eager) to < 1e-4, and one graph
+    serves every padded length (dynamo's cache for the scoring function holds one entry)."""
+    import torch
+
+    from mlm_core.config import ModelConfig
+    from mlm_core.evaluate import pll
+    from mlm_core.model import MLMEncoder, resolve_arch
+    torch.manual_seed(0)
+    enc = MLMEncoder(resolve_arch(ModelConfig(size="tiny", layers=2, hidden=32, heads=2, ffn=64, max_positions=32),
+                                  120, 0)).eval()
+    g = torch.Generator().manual_seed(3)
+    lists = [torch.randint(5, 120, (n,), generator=g).tolist() for n in (1, 3, 7, 19, 12, 5, 9, 2, 16, 11)]
+    ref = pll.score_loop(enc, lists, 4, 2, 3)
+    got = pll.score_batched(enc, lists, 4, 2, 3, batch=8, compile=True)
+    assert sum(len(x) for x in lists) % 8 != 0                           # the last pass really is topped up
+    assert max(abs(a - b) for a, b in zip(got, ref)) < 1e-4
+    assert _entries(pll._row_log_probs) == 1
+    again = pll.score_batched(enc, lists[::-1], 4, 2, 3, batch=8, compile=True)   # other lengths per pass
+    assert max(abs(a - b) for a, b in zip(again, ref[::-1])) < 1e-4
+    assert _entries(pll._row_log_probs) == 1

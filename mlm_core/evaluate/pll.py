@@ -10,6 +10,13 @@ rows of a batch are nearly the same length and padding stays small) and runs ``b
 forward pass; padding is excluded from attention with segment ids (1 = the sentence, 0 = padding).
 The MLM head runs on the one masked position of each copy only. ``score_loop`` is the naive reference:
 one copy per forward pass, no padding. Both compute the same numbers (to float rounding).
+
+``compile=True`` (``score_batched``) runs the forward through ``torch.compile``: every pass has exactly
+``batch`` rows (the last one topped up with all-padding rows whose scores are dropped) and segment ids
+always, so the only changing dimension is the padded length T, compiled once as a dynamic dimension (no
+recompile per length, no padding of T to buckets). Compiling costs ~10-40 s on a 2-core CPU, so
+``evaluate_pll`` compiles only jobs of at least ``COMPILE_MIN_COPIES`` masked copies (when torch.compile
+can run here: ``mlm_core.train.compiled.compile_support``); smaller ones (the demo) stay eager.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
+COMPILE_MIN_COPIES = 50_000      # ~1-2 min of eager scoring for the small model on 2 cores: the compile pays off
 
 
 def _device(model) -> torch.device:
@@ -43,10 +51,45 @@ def _masked_log_probs(model, ids: torch.Tensor, seg: torch.Tensor | None, where:
     return F.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0].double()
 
 
+def _row_log_probs(model, ids: torch.Tensor, seg: torch.Tensor, pos: torch.Tensor, targets: torch.Tensor):
+    """log P(target) at position pos[b] of each row b (the compiled pass: fixed rows, T dynamic)."""
+    hidden = model.encode(ids, seg)
+    h = hidden[torch.arange(ids.shape[0], device=ids.device), pos]
+    logits = model.head(h).float()
+    return F.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]
+
+
+_COMPILED = {}
+
+
+def _compiled_scorer():
+    if "fn" not in _COMPILED:
+        # fullgraph: a graph break is an error; T is marked dynamic per call, every other size stays static
+        _COMPILED["fn"] = torch.compile(_row_log_probs, fullgraph=True)
+    return _COMPILED["fn"]
+
+
+def _compiled_batch(model, ids, L, pj, targets, batch: int, pad: int, dev) -> torch.Tensor:
+    B, T = ids.shape
+    seg = (torch.arange(T)[None, :] < L[:, None]).to(torch.int32)
+    if B < batch:                                  # top up to the fixed batch with all-padding rows
+        extra = batch - B
+        ids = torch.cat([ids, torch.full((extra, T), pad, dtype=ids.dtype)])
+        seg = torch.cat([seg, torch.zeros(extra, T, dtype=seg.dtype)])
+        pj = torch.cat([pj, torch.zeros(extra, dtype=pj.dtype)])
+        targets = torch.cat([targets, torch.zeros(extra, dtype=targets.dtype)])
+    ids, seg = ids.to(dev), seg.to(dev)
+    torch._dynamo.mark_dynamic(ids, 1)            # one graph for every padded length
+    torch._dynamo.mark_dynamic(seg, 1)
+    lp = _compiled_scorer()(model, ids, seg, pj.to(dev), targets.to(dev))
+    return lp[:B].double().cpu()
+
+
 @torch.inference_mode()
 def score_batched(model, token_id_lists: Sequence[Sequence[int]], mask_id: int, cls_id: int, sep_id: int,
-                  batch: int = 64) -> list[float]:
-    """PLL of each sentence (natural log), running ``batch`` masked copies per forward pass."""
+                  batch: int = 64, compile: bool = False) -> list[float]:
+    """PLL of each sentence (natural log), running ``batch`` masked copies per forward pass; ``compile``:
+    through the compiled pass (module docstring; same numbers to float rounding)."""
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     _check_lengths(model, token_id_lists)
@@ -76,6 +119,9 @@ def score_batched(model, token_id_lists: Sequence[Sequence[int]], mask_id: int, 
             rows = torch.arange(B)
             targets = ids[rows, pj].clone()
             ids[rows, pj] = mask_id
+            if compile:
+                scores.index_add_(0, si, _compiled_batch(model, ids, L, pj, targets, batch, pad, dev))
+                continue
             where = torch.zeros(B, T, dtype=torch.bool)
             where[rows, pj] = True
             # segment ids only when some row is padded: without padding, full attention is the same thing
@@ -111,6 +157,11 @@ def score_loop(model, token_id_lists: Sequence[Sequence[int]], mask_id: int, cls
     finally:
         model.train(was)
     return scores
+
+
+def _can_compile(model) -> bool:
+    from mlm_core.train.compiled import compile_support
+    return compile_support(_device(model)) is None
 
 
 def pseudo_perplexity(pll: float, n_tokens: int) -> float:
@@ -159,8 +210,9 @@ def evaluate_pll(model, tokenizer, texts_by_lang: Mapping[str, Sequence[str]], c
         if not lists:
             out[lang] = {"missing": True, "reason": "no text to score"}
             continue
-        scores = score_batched(model, lists, ids["mask"], ids["cls"], ids["sep"], batch=cfg.pll_batch)
         n_tok = sum(len(x) for x in lists)
+        scores = score_batched(model, lists, ids["mask"], ids["cls"], ids["sep"], batch=cfg.pll_batch,
+                               compile=n_tok >= COMPILE_MIN_COPIES and _can_compile(model))
         out[lang] = {"sentences": len(lists), "tokens": n_tok, "pll_mean": sum(scores) / len(scores),
                      "pll_per_token": sum(scores) / n_tok, "pseudo_perplexity": pseudo_perplexity(sum(scores), n_tok)}
         log.info("pll: %s: %d sentences, %d tokens, PPPL %.2f", lang, len(lists), n_tok, out[lang]["pseudo_perplexity"])
