@@ -20,7 +20,8 @@ tree, polled every 50 ms; ru_maxrss = the kernel's largest single process, from 
         control/zero-width regex, ``unicodedata.normalize("NFKC")``, whitespace collapse, strip, length
         filter) + exact dedup with a ``set`` of md5 digests in a ``.filter`` + ``.to_parquet``.
   The HF side does not run the script check (ours does: it does a little more work).
-Targets: ours >= 2x HF MB/s; ours time per MB within +-20% from 100 MB to 1 GB; ours peak RSS < 1.5 GB at 1 GB.
+Targets: ours >= 2x HF MB/s (>= 1.5x at 10 MB, where fixed costs dominate); ours time per MB within +-20% from
+100 MB to 1 GB; ours peak RSS < 1.5 GB at 1 GB.
 """
 from __future__ import annotations
 
@@ -231,7 +232,8 @@ def main() -> None:
     for size, r in res.items():
         if "hf" in r:
             sp = r["hf"]["seconds"] / r["ours"]["seconds"]
-            print(f"  {size:>5} MB  speedup vs HF  {sp:5.2f}x   target >= 2x       {check(sp >= 2)}")
+            goal = 1.5 if size <= 10 else 2     # small inputs: fixed costs dominate (issue 15: >= 1.5x at 10 MB)
+            print(f"  {size:>5} MB  speedup vs HF  {sp:5.2f}x   target >= {goal:g}x     {check(sp >= goal)}")
     if 100 in res and 1000 in res:
         per = lambda s: res[s]["ours"]["seconds"] / (res[s]["bytes"] / MB)  # noqa: E731
         ratio = per(1000) / per(100)
