@@ -41,6 +41,9 @@ class StageSpec:
     inputs: Callable[[LoadedConfig], Any] | None = None
     derived: Callable[[LoadedConfig], dict] | None = None   # values computed from output fields (scripts, alpha)
     summary: str = ""
+    # map -> reduce (mlm_core.partitions): ``run`` is then unused; execute plans, maps "process one partition"
+    # through hooks["mapper"] (default: the stage's local pool) and merges
+    partitioned: bool = False
 
 
 def _view(lc: LoadedConfig, name: str, effects: frozenset[str], sparse: bool = False) -> dict:
@@ -337,6 +340,16 @@ def _execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: bo
             "output_key": p.output_key, "thresholds": p.thresholds}
     log.info("%s: running (%s)", name, p.fingerprint)
     checked = None if check is None else (lambda out, manifest: check(out, with_thresholds(manifest, p.thresholds)))
-    art = store.write(name, p.fingerprint, lambda out: spec.run(lc, upstream, out, **(hooks or {})), base,
+    hooks = dict(hooks or {})
+    if spec.partitioned:
+        from mlm_core import partitions
+        folders: list[Path] = []
+        mapper = hooks.pop("mapper", None)
+        art = store.write(name, p.fingerprint, lambda out: partitions.run_partitioned(
+            name, lc, upstream, out, p.fingerprint, mapper, on_keys=folders.extend), base, check=checked)
+        partitions.cleanup(folders)        # stored: the partitions are merged into it (kept after a failure)
+        return art, False
+    hooks.pop("mapper", None)
+    art = store.write(name, p.fingerprint, lambda out: spec.run(lc, upstream, out, **hooks), base,
                       check=checked)
     return art, False
