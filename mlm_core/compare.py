@@ -98,7 +98,7 @@ def _pll_only(folder: Path, shards_dir: Path, normalize_dir: Path | None, lc) ->
         fraction = (ds.manifest.get("config", {}).get("shards", {}) or {}).get("validation_fraction")
         validation_docs, seq_len = ds.manifest.get("validation_docs"), ds.seq_len
     model, tok, _ = load_model_dir(Path(folder))
-    reason = "the model's vocabulary differs from the tokenizer of the held-out shards"
+    reason = "its tokenizer differs from the one the held-out shards were encoded with"
     out = {"intrinsic": {lang: {"missing": True, "reason": reason} for lang in langs}, "pll": {}}
     if normalize_dir is not None and cfg.pll_sentences > 0:
         texts = validation_texts(Path(normalize_dir), langs, fraction, cfg.pll_sentences, validation_docs)
@@ -205,6 +205,8 @@ def compare_models(folder_a: Path, folder_b: Path, lc, labels: Sequence[str] = (
     status = language_status(langs, train_langs[0], train_langs[1])
     rows = comparison_rows(values[0], values[1], status)
     result = {"labels": list(labels), "folders": [str(f) for f in folders],
+              "heldout": {"config": str(lc.path), "normalize": plans["normalize"].fingerprint,
+                          "shards": plans["shards"].fingerprint},
               "training_languages": [None if t is None else list(t) for t in train_langs],
               "languages": status, "rows": rows, "notes": [n for _, _, ns in scored for n in ns],
               "evaluation": {"a": scored[0][0], "b": scored[1][0]}, "audit": {"a": scored[0][1], "b": scored[1][1]}}
@@ -232,7 +234,7 @@ def _better_label(better: str | None) -> str:
 
 
 def summary_lines(result: dict) -> list[str]:
-    """Per language: pseudo-perplexity A -> B and top-1 A -> B (the headline of the report)."""
+    """Per language: pseudo-perplexity A -> B (x the ratio B/A) and top-1 A -> B (the headline of the report)."""
     by = {(r["metric"], r["lang"]): r for r in result["rows"]}
     out = []
     for lang, st in sorted(result["languages"].items(), key=lambda kv: (STATUS_ORDER.get(kv[1], 3), kv[0])):
@@ -241,7 +243,7 @@ def summary_lines(result: dict) -> list[str]:
             continue
         bits = []
         if p is not None and p["a"] is not None and p["b"] is not None:
-            bits.append(f"pseudo-perplexity {p['a']:.4g} -> {p['b']:.4g} ({100 * (p['b'] / p['a'] - 1):+.1f}%)")
+            bits.append(f"pseudo-perplexity {p['a']:.4g} -> {p['b']:.4g} (x{p['b'] / p['a']:.3g})")
         if t is not None and t["a"] is not None and t["b"] is not None:
             bits.append(f"top-1 {t['a']:.4f} -> {t['b']:.4f} ({t['b'] - t['a']:+.4f})")
         if bits:

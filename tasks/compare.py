@@ -140,14 +140,17 @@ def run_compare(config_path: str, model_a: str, model_b: str, overrides: list[st
     t0 = time.time()
     with resolved(model_a, uri, lc) as (fa, ia), resolved(model_b, uri, lc) as (fb, ib):
         ia["content_hash"], ib["content_hash"] = content_hash(fa), content_hash(fb)
-        fp = fingerprint([ia["content_hash"], ib["content_hash"]])
-        out = Path(out_dir) if out_dir else Path(lc.workdir) / "compare" / fp
         result = compare_models(fa, fb, lc, labels=(model_a, model_b),
                                 train_langs=(ia.get("training_languages"), ib.get("training_languages")))
+    # the pair of models on this held-out data: comparing the same pair on another config writes elsewhere
+    fp = fingerprint([ia["content_hash"], ib["content_hash"], result["heldout"]["shards"],
+                      result["heldout"]["normalize"]])
+    out = Path(out_dir) if out_dir else Path(lc.workdir) / "compare" / fp
     result["models"] = {"a": ia, "b": ib}
     extra = [f"- {side.upper()} resolved: {info['pinned']} (registry version {info['version']})"
              for side, info in (("a", ia), ("b", ib)) if info.get("pinned")]
-    extra.append(f"- held-out data: `{lc.path}` (config {lc.config.name}); fingerprint of the pair `{fp}`")
+    extra.append(f"- held-out data: `{lc.path}` (config {lc.config.name}: shards `{result['heldout']['shards']}`); "
+                 f"fingerprint of the comparison `{fp}`")
     tracker = Tracker(lc.config.tracking, lc.workdir)
     run_id = None
     if tracker.enabled:

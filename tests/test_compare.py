@@ -183,7 +183,7 @@ def test_cli_prints_the_table(two_models, tmp_path, capsys):
                  "--set", "tracking.enabled=false", "--out", str(tmp_path / "cli")])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "pseudo_perplexity" in out and "B-A" in out and "en (original): pseudo-perplexity" in out
+    assert "pseudo_perplexity" in out and "B-A" in out and "en (original): pseudo-perplexity" in out and "(x0." in out
     assert (tmp_path / "cli" / "compare.png").is_file() and (tmp_path / "cli" / "compare.md").is_file()
     code = main(["compare", str(two_models["a"]), str(two_models["b"]), "--config", str(two_models["cfg"]),
                  "--set", "tracking.enabled=false", "--out", str(tmp_path / "cli"), "--json"])
