@@ -111,9 +111,6 @@ class NormalizeConfig(Section):
     max_quarantine_rate: float = Field(
         default=0.05, ge=0, le=1, description="The stage fails (naming the worst files) when quarantined/records exceeds this.",
         json_schema_extra={"effect": "threshold"})
-    partition_mb: int = Field(
-        default=64, ge=1, description="Large files are split into partitions of about this many MiB, processed independently.",
-        json_schema_extra={"effect": "output"})
     workers: int = Field(default=2, ge=1, description="Partitions normalized in parallel (threads for text and Parquet, "
                          "whose work runs in Arrow kernels; processes for JSONL and datasets sources).",
         json_schema_extra={"effect": "none"})
@@ -496,6 +493,33 @@ class TrackingConfig(Section):
     enabled: bool = Field(default=True, description="Log to MLflow at all.", json_schema_extra={"effect": "none"})
 
 
+class ExecutionConfig(Section):
+    """Where the partitions of the data stages (normalize, shards) run: speed only, outputs are byte-identical
+    whatever is set here (docs/SCALING.md)."""
+
+    engine: Literal["local", "dask"] = Field(
+        default="local", description="local: this process's own pool (normalize.workers / shards.workers); "
+        "dask: every partition is a Prefect task on prefect-dask's DaskTaskRunner (a cluster at `address`, else "
+        "a LocalCluster of `workers` processes). Workers must see the workdir (shared filesystem).",
+        json_schema_extra={"effect": "none"})
+    address: str | None = Field(
+        default=None, description="engine dask: the scheduler of an existing cluster, e.g. tcp://10.0.0.5:8786 "
+        "(unset: a LocalCluster on this machine).", json_schema_extra={"effect": "none"})
+    workers: int = Field(default=2, ge=1, description="engine dask without address: LocalCluster worker processes "
+                         "(one thread each).", json_schema_extra={"effect": "none"})
+    partition_mb: float = Field(
+        default=64, gt=0, description="Large inputs are split into partitions of about this many MiB (normalize: "
+        "by file and byte range; shards: by language and run of documents), each processed independently.",
+        json_schema_extra={"effect": "none"})
+
+    @model_validator(mode="after")
+    def _address(self) -> "ExecutionConfig":
+        if self.address is not None and self.engine != "dask":
+            raise ValueError(f"execution.address is set ({self.address}) but execution.engine is {self.engine!r}: "
+                             "set execution.engine: dask")
+        return self
+
+
 class PipelineConfig(Section):
     """The whole pipeline, one YAML file."""
 
@@ -519,6 +543,8 @@ class PipelineConfig(Section):
     audit: AuditConfig = Field(default_factory=AuditConfig, description="The audit stage.")
     registry: RegistryConfig = Field(default_factory=RegistryConfig, description="Registration and promotion.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig, description="Where data-stage partitions "
+                                       "run (local pool or Dask); speed only, in no fingerprint.")
 
     @field_validator("sources")
     @classmethod

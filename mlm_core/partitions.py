@@ -59,7 +59,8 @@ PartitionJob = dict
 Mapper = Callable[[Callable[[PartitionJob], dict], list[PartitionJob]], list[dict]]
 
 # name -> "module:attribute" of the PartitionedStage object (imported where a partition runs)
-REGISTRY: dict[str, str] = {"normalize": "mlm_core.normalize.partitioned:STAGE"}
+REGISTRY: dict[str, str] = {"normalize": "mlm_core.normalize.partitioned:STAGE",
+                            "shards": "mlm_core.shards.partitioned:STAGE"}
 
 
 def register(name: str, target: str) -> None:
@@ -185,32 +186,44 @@ def _test_delay() -> None:
 
 
 # ---------------------------------------------------------------- mappers
-def local_mapper(workers: int = 1, processes: bool = False) -> Mapper:
-    """Today's in-process execution: sequential, a thread pool, or (GIL-bound partitions) a process pool."""
+def local_mapper(workers: int = 1, processes: bool = False,
+                 on_result: Callable[[dict], None] | None = None) -> Mapper:
+    """Today's in-process execution: sequential, a thread pool, or (GIL-bound partitions) a process pool.
+    ``on_result``: called with each result as it arrives, in order (progress display)."""
     def mapper(fn: Callable[[PartitionJob], dict], jobs: list[PartitionJob]) -> list[dict]:
         n = min(workers, len(jobs))
         if n <= 1:
-            return [fn(j) for j in jobs]
+            return _collect((fn(j) for j in jobs), on_result)
         if processes:
             import multiprocessing as mp
             with ProcessPoolExecutor(n, mp_context=mp.get_context("forkserver")) as ex:
-                return list(ex.map(fn, jobs))
+                return _collect(ex.map(fn, jobs), on_result)
         with ThreadPoolExecutor(n) as ex:
-            return list(ex.map(fn, jobs))
+            return _collect(ex.map(fn, jobs), on_result)
     return mapper
+
+
+def _collect(results, on_result) -> list[dict]:
+    out = []
+    for r in results:
+        out.append(r)
+        if on_result is not None:
+            on_result(r)
+    return out
 
 
 # ---------------------------------------------------------------- the stage: plan -> map -> merge
 def run_partitioned(name: str, lc, upstream: dict[str, Artifact], out_dir: Path, stage_fp: str,
-                    mapper: Mapper | None = None, on_keys: Callable[[list[Path]], None] | None = None) -> dict:
+                    mapper: Mapper | None = None, on_keys: Callable[[list[Path]], None] | None = None,
+                    root: Path | None = None) -> dict:
     """Plan, process every partition through ``mapper`` (default: the stage's local mapper), merge.
 
     ``on_keys(folders)``: told the partition folders before any runs (the caller removes them once the stage
-    output is stored). A stage object may define ``local_mapper(lc, parts)`` to pick its own pool, and
+    output is stored). ``root``: where the partition folders go (default ``partitions_root``). A stage object may define ``local_mapper(lc, parts)`` to pick its own pool, and
     ``hints(lc, parts)`` -> JSON values every job carries (e.g. a per-process shared resource switch)."""
     stage = stage_object(name)
     parts = stage.plan(lc, upstream)
-    root = partitions_root(lc.workdir, name)
+    root = Path(root) if root is not None else partitions_root(lc.workdir, name)
     root.mkdir(parents=True, exist_ok=True)
     ctx, up = config_context(lc), _upstream_json(upstream)
     jobs = [{"stage": name, "key": partition_key(name, stage_fp, p), "part": p, "root": str(root),

@@ -200,7 +200,7 @@ def _run_register(lc, upstream, out_dir):
 # intervals, RTD metrics; audit: CrowS-Pairs as the reference; register: model card from the manifests.
 STAGES: dict[str, StageSpec] = {
     "normalize": StageSpec("normalize", (), code_version="2", reads=("sources", "normalize"), run=_run_normalize,
-                           inputs=_normalize_inputs, derived=_normalize_scripts,
+                           inputs=_normalize_inputs, derived=_normalize_scripts, partitioned=True,
                            summary="clean, filter and deduplicate the raw corpus per language"),
     "tokenizer": StageSpec("tokenizer", ("normalize",), code_version="2", reads=("tokenizer", "seed"),
                            run=_run_tokenizer, inputs=_tokenizer_inputs,

@@ -21,8 +21,9 @@ RU = ["Кошка спит на тёплом коврике.", "Собака б�
 HI = ["बिल्ली गर्म चटाई पर सोती है।", "कुत्ता हरे पार्क में दौड़ता है।", "हम हर दिन मक्खन के साथ रोटी खाते हैं।"]
 
 
-def run(tmp_path, sources: dict, **normalize):
-    raw = {"workdir": str(tmp_path / "work"), "sources": sources, "normalize": {"workers": 1, **normalize}}
+def run(tmp_path, sources: dict, execution: dict | None = None, **normalize):
+    raw = {"workdir": str(tmp_path / "work"), "sources": sources, "normalize": {"workers": 1, **normalize},
+           "execution": execution or {}}
     lc = load_config(tmp_path / "cfg.yaml", raw=raw)
     art, _ = stages.execute(lc, "normalize", stages.plan(lc))
     return art
@@ -78,7 +79,7 @@ def test_partitions_of_a_large_file_keep_line_numbers(tmp_path):
     lines[45_000] = "x"
     f = write_lines(tmp_path / "big.txt", lines)
     assert f.stat().st_size > 2 * 2**20
-    art = run(tmp_path, {"en": {"paths": [str(f)]}}, partition_mb=1, workers=2)
+    art = run(tmp_path, {"en": {"paths": [str(f)]}}, execution={"partition_mb": 1}, workers=2)
     assert art.manifest["partitions"] >= 2
     q = quarantine(art)
     assert [(r["line"], r["reason"]) for r in q] == [(45_001, "too_short")]

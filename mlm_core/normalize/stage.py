@@ -1,7 +1,7 @@
 """The normalize stage: raw sources -> clean, deduplicated Parquet per language + quarantine + statistics.
 
 In: ``sources`` and ``normalize`` config sections. Out (under the stage folder):
-  docs/<lang>.parquet   doc_id, lang, text, n_chars, hash      (doc_id = partition << 32 | row: stable, sortable)
+  docs/<lang>.parquet   doc_id, lang, text, n_chars, hash      (doc_id = file << 32 | row: stable, sortable)
   quarantine.parquet    lang, source, line, reason, detail       (line: 1-based line, or 0-based row for Parquet/datasets)
   stats.parquet         per language: records, docs, chars, bytes, duplicates, quarantined, blank_lines
   quarantine_stats.parquet  per language and reason: n
@@ -9,19 +9,24 @@ In: ``sources`` and ``normalize`` config sections. Out (under the stage folder):
                         drawn while writing, so validating a 1 GB corpus reads a 10k-row file
 Invariant (checked): records = docs + quarantined + duplicates, per language.
 
-Three passes, each streaming: (1) partitions are cleaned in parallel processes, each writing one
-Parquet part with a content hash (DuckDB md5); (2) DuckDB ranks the (partition, row, hash) columns
-only, to find duplicates (the first occurrence in source order is kept); (3) parts are copied per
-language in source order minus the duplicates. Memory stays flat: one block per worker, plus the
-hash column during ranking (DuckDB spills beyond ``memory_limit_mb``).
+A partitioned stage (``mlm_core.partitions``; the plan/process/merge object is ``partitioned.STAGE``).
+Three passes, each streaming: (1) ``process``: each partition (a file, or a byte range / row groups of
+one, ``execution.partition_mb``) is cleaned into its own folder: one Parquet part with a content hash
+(DuckDB md5) + its quarantine; (2) ``merge``: DuckDB ranks the (doc_id, hash) columns of every part only,
+to find duplicates (the first occurrence in source order is kept); (3) parts are copied per language in
+source order minus the duplicates. Memory stays flat: one block per worker, plus the hash column during
+ranking (DuckDB spills beyond ``memory_limit_mb``).
+
+The output does not depend on the partitioning: doc ids are numbered by file and row within the file,
+and each file's documents are written in row groups of ``WRITE_ROWS`` rows of the file before dedup
+(what a file in one partition always gave), whichever partitions they came from.
 """
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import shutil
+import threading
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import duckdb
@@ -36,6 +41,8 @@ from mlm_core.normalize.text import clean, filter_reasons, is_blank
 
 log = logging.getLogger(__name__)
 ROW_BITS = 32
+ROW_MASK = (1 << ROW_BITS) - 1
+WRITE_ROWS = 65_536    # rows of a file per batch copied to docs/<lang>.parquet (before dedup): one row group
 PARALLEL_MIN_BYTES = 16 * 2**20   # less input than this per worker: process partitions in-process
 SAMPLE_ROWS = 10_000   # docs_sample.parquet: a uniform sample of kept documents, for the data contract
 
@@ -49,18 +56,26 @@ class NormalizeError(StageError):
     """The normalize output is unusable (quarantine rate above the limit, a language left empty)."""
 
 
-def _process_partition(part: Partition, cfg_dict: dict, scripts: list[str], parts_dir: str, db=None) -> dict:
-    """Worker: clean one partition, write its docs part (with md5 hashes) and its quarantine part.
-    ``db``: the stage's DuckDB connection when partitions run in this process (a cursor on it costs ~0 s; a
-    new database ~35 ms each, a fixed cost that showed at 10 MB); worker processes open their own."""
-    from mlm_core.config import NormalizeConfig
-    cfg = NormalizeConfig.model_validate(cfg_dict)
-    if db is None:
-        con = duckdb.connect()
-        con.execute("SET threads=1")
-    else:
-        con = db.cursor()
-    docs_path = Path(parts_dir) / f"docs-{part.index:06d}.parquet"
+_DB: duckdb.DuckDBPyConnection | None = None
+_DB_LOCK = threading.Lock()
+
+
+def shared_db() -> duckdb.DuckDBPyConnection:
+    """This process's one DuckDB database: partitions take cursors on it (a cursor costs ~0 s; a new database
+    ~35 ms each, a fixed cost that showed at 10 MB). Each partition's md5 query runs on its own thread."""
+    global _DB
+    with _DB_LOCK:
+        if _DB is None:
+            _DB = duckdb.connect()
+            _DB.execute("SET threads=1")
+        return _DB
+
+
+def process_partition(part: Partition, cfg, scripts: list[str], out_dir: Path) -> dict:
+    """Clean one partition into ``out_dir``: docs.parquet (doc_id = partition << 32 | local row, with md5 hashes;
+    renumbered by file at merge) and quar.parquet. Returns its counts."""
+    con = shared_db().cursor()
+    docs_path = Path(out_dir) / "docs.parquet"
     writer = None
     q_rows: list[tuple] = []
     records = blank = kept = 0
@@ -111,73 +126,55 @@ def _process_partition(part: Partition, cfg_dict: dict, scripts: list[str], part
                   "reason": pa.array([r[1] for r in q_rows], pa.string()),
                   "detail": pa.array([r[2] for r in q_rows], pa.string())}, schema=QUAR_SCHEMA)
     if len(q):
-        pq.write_table(q, Path(parts_dir) / f"quar-{part.index:06d}.parquet")
+        pq.write_table(q, Path(out_dir) / "quar.parquet")
     return {"index": part.index, "lang": part.lang, "source": part.source, "fmt": part.fmt,
             "records": records, "kept": kept, "blank": blank, "rows": next_row,
             "row_offset": part.row_offset, "quarantined": dict(reasons)}
 
 
 def plan(lc) -> list[Partition]:
+    """Every language's sources as partitions (``execution.partition_mb``), in source order."""
     cfg = lc.config
+    mb = getattr(getattr(cfg, "execution", None), "partition_mb", None) or 64
     parts: list[Partition] = []
     for lang in cfg.languages:
-        parts += plan_partitions(lang, cfg.sources[lang], lc.base_dir, cfg.normalize.partition_mb * 2**20, len(parts))
+        parts += plan_partitions(lang, cfg.sources[lang], lc.base_dir, max(1, int(mb * 2**20)), len(parts))
     return parts
 
 
+def file_indexes(parts: list[Partition]) -> dict[str, int]:
+    """Source -> its index in source order (doc ids are numbered by file, not by partition)."""
+    out: dict[str, int] = {}
+    for p in parts:
+        out.setdefault(p.source, len(out))
+    return out
+
+
 def input_fingerprint(lc) -> list:
-    """What identifies the raw inputs without reading them: every file's path, size and mtime."""
+    """What identifies the raw inputs without reading them: every file's path, size and mtime (not how they
+    are partitioned: the output does not depend on it)."""
     out = []
     for p in plan(lc):
         if p.fmt == "dataset":
             out.append([p.source, p.dataset])
-        else:
+        elif not out or out[-1][0] != p.source:
             st = Path(p.source).stat()
-            out.append([p.source, p.start, p.end, st.st_size, st.st_mtime_ns])
+            out.append([p.source, st.st_size, st.st_mtime_ns])
     return out
 
 
-def _run_partitions(parts: list[Partition], cfg, lc, parts_dir: Path, db=None) -> list[dict]:
-    """Partitions in parallel. Text and Parquet work is Arrow kernels that release the GIL, so threads
-    scale without any start-up cost (measured: 2.5 s vs 2.8 s for 100 MB, equal at 1 GB, versus
-    processes); JSONL parsing is Python per line (GIL-bound), so JSONL sources use worker processes,
-    and only when there are tens of MB to share (a worker costs ~1 s to start)."""
-    from mlm_core.progress import Progress
-    args = [(p, cfg.model_dump(), lc.config.scripts_for(p.lang), str(parts_dir)) for p in parts]
-    with Progress("normalize", len(parts), unit="partitions") as shown:   # display only
-        def done(results) -> list[dict]:
-            out = []
-            for r in results:
-                out.append(r)
-                shown.update(advance=1, note=f"last {r['lang']} {Path(r['source']).name}")
-            return out
-
-        if cfg.workers <= 1 or len(parts) <= 1:
-            return done(_process_partition(*a, db=db) for a in args)
-        if not any(p.fmt in ("jsonl", "dataset") for p in parts):
-            with ThreadPoolExecutor(min(cfg.workers, len(parts))) as ex:
-                return done(ex.map(lambda a: _process_partition(*a, db=db), args))
-        total = sum(max(p.end - p.start, 0) if p.fmt in ("text", "jsonl") and p.end >= 0 else PARALLEL_MIN_BYTES
-                    for p in parts)
-        workers = min(cfg.workers, len(parts), max(1, total // PARALLEL_MIN_BYTES))
-        if workers <= 1:
-            return done(_process_partition(*a, db=db) for a in args)
-        ctx = mp.get_context("forkserver")
-        with ProcessPoolExecutor(workers, mp_context=ctx) as ex:
-            futs = [ex.submit(_process_partition, *a) for a in args]
-            return done(f.result() for f in futs)
+def run_normalize(lc, out_dir: Path, mapper=None) -> dict:
+    """Run the stage into ``out_dir`` outside the store (its partitions in ``out_dir/_parts``, then removed)."""
+    from mlm_core.partitions import run_partitioned
+    try:
+        return run_partitioned("normalize", lc, {}, out_dir, "direct", mapper, root=out_dir / "_parts")
+    finally:
+        shutil.rmtree(out_dir / "_parts", ignore_errors=True)
 
 
-def run_normalize(lc, out_dir: Path) -> dict:
-    """Run the stage into ``out_dir``; returns the manifest fields (counts, per-language stats)."""
+def merge(lc, parts: list[Partition], results: list[dict], part_dirs: list[Path], out_dir: Path) -> dict:
+    """Dedup and statistics over the partition folders (DuckDB), docs per language, quarantine; the manifest."""
     cfg = lc.config.normalize
-    parts = plan(lc)
-    parts_dir = out_dir / "_parts"
-    parts_dir.mkdir(parents=True)
-    con = duckdb.connect()              # one database for the stage: in-process partitions take cursors on it
-    con.execute("SET threads=1")        # each partition's md5 query runs on its own thread
-    results = _run_partitions(parts, cfg, lc, parts_dir, db=con)
-
     # Line numbers: a text/JSONL partition only knows its local rows; add the rows of earlier partitions of its file.
     offsets, seen = {}, Counter()
     for r in sorted(results, key=lambda r: r["index"]):
@@ -188,15 +185,19 @@ def run_normalize(lc, out_dir: Path) -> dict:
     for f in empty_files:
         log.warning("normalize: %s is empty", f)
 
+    docs_files = {p.index: d / "docs.parquet" for p, d in zip(parts, part_dirs) if (d / "docs.parquet").exists()}
+    quar_files = [str(d / "quar.parquet") for d in part_dirs if (d / "quar.parquet").exists()]
+    con = shared_db().cursor()
     con.execute(f"SET memory_limit='{cfg.memory_limit_mb}MB'; SET threads={cfg.workers}; "
                 f"SET temp_directory='{out_dir / '_duck'}'; SET preserve_insertion_order=true")
-    has_docs = any(parts_dir.glob("docs-*.parquet"))
-    dups = _find_duplicates(con, parts_dir) if (cfg.dedup and has_docs) else {}
-    docs_dir = out_dir / "docs"
-    docs_dir.mkdir()
-    lang_stats = _write_docs(parts, parts_dir, docs_dir, dups, lc.config.languages)
-    _write_quarantine(con, parts_dir, out_dir, offsets)
-
+    try:
+        dups = _find_duplicates(con, list(docs_files.values())) if (cfg.dedup and docs_files) else {}
+        docs_dir = out_dir / "docs"
+        docs_dir.mkdir()
+        lang_stats = _write_docs(parts, docs_files, docs_dir, dups, lc.config.languages, offsets)
+        _write_quarantine(con, quar_files, out_dir, offsets)
+    finally:
+        con.execute("SET threads=1")     # partitions run on this database next (one thread each)
     per_lang = {}
     for lang in lc.config.languages:
         rs = [r for r in results if r["lang"] == lang]
@@ -212,7 +213,6 @@ def run_normalize(lc, out_dir: Path) -> dict:
             raise NormalizeError(f"internal error: {lang}: records {p['records']} != docs {p['docs']} + "
                                  f"quarantined {p['quarantined']} + duplicates {p['duplicates']}")
     _write_stats(per_lang, out_dir)
-    shutil.rmtree(parts_dir)
     shutil.rmtree(out_dir / "_duck", ignore_errors=True)
 
     totals = {k: sum(p[k] for p in per_lang.values()) for k in ("records", "docs", "chars", "bytes", "duplicates",
@@ -228,13 +228,13 @@ def run_normalize(lc, out_dir: Path) -> dict:
             "partitions": len(parts)}
 
 
-def _find_duplicates(con, parts_dir: Path) -> dict[int, np.ndarray]:
+def _find_duplicates(con, files: list[Path]) -> dict[int, np.ndarray]:
     """doc_ids of every occurrence of a hash after its first (in doc_id order = source order), by partition."""
-    glob = str(parts_dir / "docs-*.parquet")
+    listing = "[" + ", ".join(f"'{f}'" for f in files) + "]"
     tbl = con.sql(f"""
         SELECT doc_id FROM (
           SELECT doc_id, row_number() OVER (PARTITION BY hash ORDER BY doc_id) AS rn
-          FROM read_parquet('{glob}'))
+          FROM read_parquet({listing}))
         WHERE rn > 1""").to_arrow_table()
     ids = tbl.column("doc_id").to_numpy()
     parts = ids >> ROW_BITS
@@ -271,37 +271,88 @@ class _BottomK:
         return self.tables[0] if self.tables else DOC_SCHEMA.empty_table()
 
 
-def _write_docs(parts, parts_dir: Path, docs_dir: Path, dups: dict, languages: list[str]) -> dict:
+def _file_batches(parts: list[Partition], docs_files: dict[int, Path], offsets: dict, fidx: dict[str, int]):
+    """Each file's documents (before dedup) in batches of WRITE_ROWS rows of that file, whichever partitions
+    they come from, with doc_id renumbered file << 32 | row in file. Yields (batch, old partition-local ids)."""
+    def renumbered(p: Partition):
+        f = docs_files.get(p.index)
+        if f is None:
+            return
+        base = (np.int64(fidx[p.source]) << ROW_BITS) + np.int64(offsets[p.index])
+        for b in pq.ParquetFile(f).iter_batches(batch_size=WRITE_ROWS):
+            old = b.column("doc_id").to_numpy()
+            new = base + (old & ROW_MASK)
+            yield pa.RecordBatch.from_arrays([pa.array(new, pa.int64()), *b.columns[1:]], schema=DOC_SCHEMA), old
+
+    by_file: dict[str, list[Partition]] = {}
+    for p in parts:
+        by_file.setdefault(p.source, []).append(p)
+    for ps in by_file.values():
+        pending: list[tuple[pa.RecordBatch, np.ndarray]] = []
+        n = 0
+        for p in ps:
+            for b, old in renumbered(p):
+                pending.append((b, old))
+                n += b.num_rows
+                while n >= WRITE_ROWS:
+                    yield _take_rows(pending, WRITE_ROWS)
+                    n -= WRITE_ROWS
+        if n:
+            yield _take_rows(pending, n)
+
+
+def _take_rows(pending: list, k: int) -> tuple[pa.RecordBatch, np.ndarray]:
+    """The first ``k`` rows of the pending (batch, old ids) list, removed from it, as one batch."""
+    got, olds, need = [], [], k
+    while need:
+        b, old = pending[0]
+        if b.num_rows <= need:
+            got.append(b)
+            olds.append(old)
+            need -= b.num_rows
+            pending.pop(0)
+        else:
+            got.append(b.slice(0, need))
+            olds.append(old[:need])
+            pending[0] = (b.slice(need), old[need:])
+            need = 0
+    if len(got) == 1:
+        return got[0], olds[0]
+    tbl = pa.Table.from_batches(got).combine_chunks()
+    return tbl.to_batches()[0], np.concatenate(olds)
+
+
+def _write_docs(parts, docs_files: dict[int, Path], docs_dir: Path, dups: dict, languages: list[str],
+                offsets: dict) -> dict:
     stats = {}
     sample = _BottomK(SAMPLE_ROWS)
+    fidx = file_indexes(parts)
+    drop = np.sort(np.concatenate(list(dups.values()))) if dups else np.empty(0, np.int64)
     for lang in languages:
         writer = pq.ParquetWriter(docs_dir / f"{lang}.parquet", DOC_SCHEMA, compression="zstd")
         docs = chars = nbytes = ndup = 0
-        for p in (p for p in parts if p.lang == lang):
-            f = parts_dir / f"docs-{p.index:06d}.parquet"
-            if not f.exists():
-                continue
-            drop = dups.get(p.index)
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=65_536):
-                if drop is not None and len(drop):
-                    mask = ~np.isin(batch.column("doc_id").to_numpy(), drop, assume_unique=True)
-                    ndup += int((~mask).sum())
+        for batch, old in _file_batches([p for p in parts if p.lang == lang], docs_files, offsets, fidx):
+            lo, hi = np.searchsorted(drop, [old.min(), old.max()], side="left") if len(old) else (0, 0)
+            near = drop[lo:hi + 1]           # the duplicates within this batch's id range (sorted drop list)
+            if len(near):
+                mask = ~np.isin(old, near, assume_unique=True)
+                ndup += int((~mask).sum())
+                if not mask.all():
                     batch = batch.filter(pa.array(mask))
-                if not batch.num_rows:
-                    continue
-                writer.write_batch(batch)
-                sample.add(batch)
-                docs += batch.num_rows
-                chars += int(pa.compute.sum(batch.column("n_chars")).as_py() or 0)
-                nbytes += int(pa.compute.sum(pa.compute.binary_length(batch.column("text"))).as_py() or 0)
+            if not batch.num_rows:
+                continue
+            writer.write_batch(batch)
+            sample.add(batch)
+            docs += batch.num_rows
+            chars += int(pa.compute.sum(batch.column("n_chars")).as_py() or 0)
+            nbytes += int(pa.compute.sum(pa.compute.binary_length(batch.column("text"))).as_py() or 0)
         writer.close()
         stats[lang] = {"docs": docs, "chars": chars, "bytes": nbytes, "duplicates": ndup}
     pq.write_table(sample.table(), docs_dir.parent / "docs_sample.parquet")
     return stats
 
 
-def _write_quarantine(con, parts_dir: Path, out_dir: Path, offsets: dict) -> None:
-    files = sorted(parts_dir.glob("quar-*.parquet"))
+def _write_quarantine(con, files: list[str], out_dir: Path, offsets: dict) -> None:
     dest = out_dir / "quarantine.parquet"
     if not files:
         pq.write_table(pa.table({"lang": pa.array([], pa.string()), "source": pa.array([], pa.string()),
@@ -310,13 +361,13 @@ def _write_quarantine(con, parts_dir: Path, out_dir: Path, offsets: dict) -> Non
         return
     off = pa.table({"part": pa.array(list(offsets), pa.int32()), "off": pa.array(list(offsets.values()), pa.int64())})
     con.register("off_tbl", off)
-    glob = str(parts_dir / "quar-*.parquet")
+    listing = "[" + ", ".join(f"'{f}'" for f in files) + "]"
     # text/JSONL lines are 1-based; Parquet/datasets rows stay 0-based row numbers.
     con.execute(f"""COPY (
         SELECT q.lang, q.source, q.row + o.off + CASE WHEN q.source LIKE 'datasets:%' OR q.source LIKE '%.parquet'
                                                       THEN 0 ELSE 1 END AS line,
                q.reason, q.detail
-        FROM read_parquet('{glob}') q JOIN off_tbl o USING (part) ORDER BY q.part, q.row)
+        FROM read_parquet({listing}) q JOIN off_tbl o USING (part) ORDER BY q.part, q.row)
         TO '{dest}' (FORMAT parquet, COMPRESSION zstd)""")
 
 
