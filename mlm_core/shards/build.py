@@ -9,16 +9,22 @@ output (``tokenizer.json`` + manifest with vocab_size and special token ids). Ou
   stats.parquet      per language: docs, tokens, content tokens and rows, per split
 
 The parts, one reason to change each: ``pack.py`` (row layout, columns, file format), ``split.py`` (which
-documents go to validation) and ``encode.py`` (documents -> token and word-start arrays, in-process or in
-worker processes). This module wires them into the stage and writes the tables.
+documents go to validation), ``encode.py`` (documents -> token and word-start arrays, in-process or in
+worker processes) and ``parts.py`` (partitions: their documents, their files). This module wires them into the
+stage as plan -> process -> merge (``plan_shards``, ``process_shards``, ``merge_shards``; the
+``PartitionedStage`` object is ``partitioned.py``): the tokenizer-bound encoding runs per language x run of
+documents, anywhere (a Dask worker); the merge packs, numbers and writes the shards and the tables in one
+pass, so they are those of a single pass over each language whatever the partitioning.
 """
 from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -31,6 +37,10 @@ from mlm_core.shards.encode import (  # noqa: F401
 from mlm_core.shards.pack import (  # noqa: F401
     Layout, Packer, ShardWriter, StreamStats, segment_dtype, shard_name, shard_schema, token_dtype, write_rows,
 )
+from mlm_core.shards.parts import (
+    PartWriter, cached_tokenizer, read_range, row_ranges, split_cut, validation_of,
+)
+from mlm_core.shards.parts import load as load_part
 from mlm_core.shards.split import (  # noqa: F401
     _split_masks, hash_order_ranks, hash_prefix_u32, top_up_validation, validation_mask,
 )
@@ -38,6 +48,7 @@ from mlm_core.shards.split import (  # noqa: F401
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation")
+DEFAULT_PARTITION_MB = 64     # no execution.partition_mb in the config: about one partition per 64 MiB of text
 ROLES = ("pad", "unk", "cls", "sep", "mask")
 
 
@@ -63,28 +74,39 @@ def _language_docs(docs_dir: Path, lang: str) -> int:
     return pq.ParquetFile(p).metadata.num_rows if p.is_file() else 0
 
 
-def run_shards(lc, upstream: dict, out_dir: Path) -> dict:
-    """Run the stage into ``out_dir``; returns the manifest fields (see the module docstring)."""
-    from tokenizers import Tokenizer
-
-    from mlm_core.sampling import sampling_table
-
+def _setup(lc, upstream: dict):
+    """The tokenizer file, the prepared tokenizer, vocab size, special ids and the row layout (checked)."""
     cfg = lc.config.shards
-    norm, tart = upstream["normalize"], upstream["tokenizer"]
-    docs_dir = Path(norm.path) / "docs"
+    tart = upstream["tokenizer"]
     tok_file = Path(tart.path) / "tokenizer.json"
     if cfg.workers <= IN_PROCESS_MAX_WORKERS:
         # Only effective before the process's first parallel tokenizers call (rayon reads it once).
         os.environ.setdefault("RAYON_NUM_THREADS", str(cfg.workers))
-    tok = prepare_tokenizer(Tokenizer.from_file(str(tok_file)))
+    tok = cached_tokenizer(tok_file)
     vocab_size = int(tart.manifest.get("vocab_size") or tok.get_vocab_size(with_added_tokens=True))
     if tok.get_vocab_size(with_added_tokens=True) > vocab_size:
         raise StageError(f"{tok_file}: {tok.get_vocab_size(with_added_tokens=True)} tokens, but the tokenizer "
                          f"manifest says vocab_size={vocab_size}")
     specials = _special_ids(tart.manifest, tok)
     layout = Layout.for_vocab(vocab_size, cfg.seq_len, specials["sep"], specials["pad"])
-    ids_dtype = layout.ids
+    return tok_file, tok, vocab_size, specials, layout
 
+
+def partition_bytes(lc) -> int:
+    """Text per encode partition: ``execution.partition_mb`` when the config has it (speed only: the output
+    does not depend on it), else ``DEFAULT_PARTITION_MB``."""
+    ex = getattr(lc.config, "execution", None)
+    mb = getattr(ex, "partition_mb", None) or DEFAULT_PARTITION_MB
+    return max(1, int(float(mb) * 2**20))
+
+
+def plan_shards(lc, upstream: dict, part_bytes: int | None = None) -> list[dict]:
+    """The partitions (language x run of documents), in merge order; also every check that needs no encoding
+    (tokenizer, empty languages) and the train/validation split of each language (see ``parts.py``)."""
+    cfg = lc.config.shards
+    docs_dir = Path(upstream["normalize"].path) / "docs"
+    _, tok, _, _, _ = _setup(lc, upstream)
+    part_bytes = part_bytes or partition_bytes(lc)
     langs, dropped = [], []
     for lang in lc.config.languages:
         if _language_docs(docs_dir, lang) == 0:
@@ -98,68 +120,78 @@ def run_shards(lc, upstream: dict, out_dir: Path) -> dict:
     if not langs:
         raise StageError("shards: no language has any documents")
 
-    masks = {}
+    parts: list[dict] = []
     for lang in langs:
-        prefix = _split_masks(docs_dir / f"{lang}.parquet")
-        masks[lang] = validation_mask(prefix, cfg.validation_fraction)
+        path = docs_dir / f"{lang}.parquet"
+        prefix = _split_masks(path)
+        mask = validation_mask(prefix, cfg.validation_fraction)
         if cfg.min_validation_tokens:
-            masks[lang], held = top_up_validation(docs_dir / f"{lang}.parquet", prefix, masks[lang],
-                                                  cfg.min_validation_tokens, tok, cfg.batch_docs)
+            mask, held = top_up_validation(path, prefix, mask, cfg.min_validation_tokens, tok, cfg.batch_docs)
             if 0 <= held < cfg.min_validation_tokens:
                 log.warning("shards: language '%s': %d validation tokens (half its %d documents), below "
                             "shards.min_validation_tokens=%d", lang, held, len(prefix), cfg.min_validation_tokens)
-    for lang in langs:
-        if not masks[lang].any():
+        if not mask.any():
             log.warning("shards: language '%s' has a single document: no validation data for it", lang)
+        k = int(mask.sum())
+        cut = split_cut(prefix, k)
+        ranges = row_ranges(path, part_bytes)
+        for i, (start, stop) in enumerate(ranges):
+            parts.append({"index": len(parts), "lang": lang, "part": i, "of": len(ranges), "start": start,
+                          "stop": stop, "docs": len(prefix), "validation_docs": k, "cut": cut})
+    return parts
+
+
+def process_shards(lc, upstream: dict, part: dict, out_dir: Path) -> dict:
+    """Encode one partition's documents into ``out_dir`` (``parts.PartWriter``); pure and idempotent."""
+    cfg = lc.config.shards
+    path = Path(upstream["normalize"].path) / "docs" / f"{part['lang']}.parquet"
+    tok_file, tok, vocab_size, _, layout = _setup(lc, upstream)
+    lang, masks = part["lang"], deque()
 
     def tasks():
-        for lang in langs:
-            for texts in _doc_batches(docs_dir / f"{lang}.parquet", cfg.batch_docs):
-                yield lang, texts
+        row = part["start"]
+        for b in read_range(path, part["start"], part["stop"], cfg.batch_docs):
+            rows = np.arange(row, row + b.num_rows, dtype=np.int64)
+            row += b.num_rows
+            masks.append(validation_of(hash_prefix_u32(b.column(1)), rows, part["cut"]))
+            yield lang, b.column(0)
 
-    results = _encode_stream(tasks(), cfg.workers, str(tok_file), tok, ids_dtype)
-    from mlm_core.progress import Progress
-    shown = Progress("shards", sum(len(m) for m in masks.values()), unit="docs", tokens=0)   # display only
-    n_tokens = 0
-    packers: dict[tuple[str, str], Packer] = {}
+    writer = PartWriter()
+    for _, enc in _encode_stream(tasks(), cfg.workers, str(tok_file), tok, layout.ids):
+        if len(enc.ids) and int(enc.ids.max()) >= vocab_size:
+            raise StageError(f"shards: {lang}: token id {int(enc.ids.max())} >= vocab_size {vocab_size}")
+        val = masks.popleft()
+        writer.add("train", _select(enc, ~val))
+        writer.add("validation", _select(enc, val))
+    return writer.save(Path(out_dir), layout.ids, {"index": part["index"], "lang": lang,
+                                                    "rows": part["stop"] - part["start"]})
+
+
+def merge_shards(lc, upstream: dict, parts: list[dict], results: list[dict], part_dirs: list[Path],
+                 out_dir: Path) -> dict:
+    """Pack every language's partitions, in order, into the shard files + tables; returns the manifest fields."""
+    from mlm_core.sampling import sampling_table
+    cfg, tart = lc.config.shards, upstream["tokenizer"]
+    _, _, vocab_size, specials, layout = _setup(lc, upstream)
+    _check_cover(parts, results)
+    langs = list(dict.fromkeys(p["lang"] for p in parts))
+    dropped = [lang for lang in lc.config.languages if lang not in langs]
     shards: list[dict] = []
     per_lang: dict[str, dict] = {}
-    pos = {lang: 0 for lang in langs}
-    current = None
-
-    def finish(lang: str) -> None:
+    for lang in langs:
+        mine = [d for p, d in zip(parts, part_dirs) if p["lang"] == lang]
         st = {}
         for split in SPLITS:
-            pk = packers.pop((split, lang))
-            s = pk.close()
-            shards.extend(pk.w.close())
-            st[split] = s
+            w = ShardWriter(out_dir, split, lang, cfg.rows_per_shard, layout)
+            pk = Packer(w, specials["cls"], where=f"{split}/{lang}")
+            for d in mine:
+                for enc in load_part(Path(d), split, cfg.batch_docs):
+                    pk.add(enc)
+            st[split] = pk.close()
+            shards.extend(w.close())
         per_lang[lang] = {f"{k}_{split}": getattr(st[split], k) for split in SPLITS
                           for k in ("docs", "tokens", "content_tokens", "rows")}
         log.info("shards: %s: %d train rows, %d validation rows", lang, st["train"].rows, st["validation"].rows)
-
-    for lang, enc in results:
-        n_tokens += int(enc.lens.sum())
-        shown.update(advance=len(enc.lens), tokens=n_tokens,
-                     note=f"encoding {lang} (language {langs.index(lang) + 1}/{len(langs)})")
-        if lang != current:
-            if current is not None:
-                finish(current)
-            current = lang
-            for split in SPLITS:
-                w = ShardWriter(out_dir, split, lang, cfg.rows_per_shard, layout)
-                packers[(split, lang)] = Packer(w, specials["cls"], where=f"{split}/{lang}")
-        if len(enc.ids) and int(enc.ids.max()) >= vocab_size:
-            raise StageError(f"shards: {lang}: token id {int(enc.ids.max())} >= vocab_size {vocab_size}")
-        n = len(enc.lens)
-        val = masks[lang][pos[lang]: pos[lang] + n]
-        pos[lang] += n
-        for split, sel in (("train", ~val), ("validation", val)):
-            if sel.any():
-                packers[(split, lang)].add(_select(enc, sel))
-    if current is not None:
-        finish(current)
-    shown.close()
 
     counts = {lang: per_lang[lang]["tokens_train"] for lang in langs if per_lang[lang]["tokens_train"] > 0}
     # no token budget here: expected epochs are computed on display (`mlm stats`) from the current
@@ -180,8 +212,55 @@ def run_shards(lc, upstream: dict, out_dir: Path) -> dict:
         "counts": {"rows": sum(s["rows"] for s in shards), "tokens": sum(s["tokens"] for s in shards),
                    "docs": sum(p["docs_train"] + p["docs_validation"] for p in per_lang.values())},
         "dropped_languages": dropped,
-        "validation_docs": {lang: int(masks[lang].sum()) for lang in langs},
+        "validation_docs": {lang: next(p["validation_docs"] for p in parts if p["lang"] == lang) for lang in langs},
     }
+
+
+def _check_cover(parts: list[dict], results: list[dict]) -> None:
+    """Every document of every language in exactly one partition, each partition's result present and its
+    own: no document missing or encoded twice, whatever ran the partitions (and retried them)."""
+    if len(results) != len(parts):
+        raise StageError(f"shards: {len(parts)} partitions planned, {len(results)} results")
+    at: dict[str, int] = {}
+    for p, r in zip(parts, results):
+        if not r or r.get("index") != p["index"] or r.get("lang") != p["lang"] or r.get("rows") != p["stop"] - p["start"]:
+            raise StageError(f"shards: partition {p['index']} ({p['lang']} rows {p['start']}..{p['stop']}): "
+                             f"result {r!r} does not belong to it")
+        if p["start"] != at.get(p["lang"], 0):
+            raise StageError(f"shards: {p['lang']}: partition {p['index']} starts at row {p['start']}, "
+                             f"expected {at.get(p['lang'], 0)}")
+        at[p["lang"]] = p["stop"]
+        if r["train"]["docs"] + r["validation"]["docs"] > p["stop"] - p["start"]:
+            raise StageError(f"shards: partition {p['index']} holds more documents than its rows")
+    for p in parts:
+        if at[p["lang"]] != p["docs"]:
+            raise StageError(f"shards: {p['lang']}: partitions cover {at[p['lang']]} of {p['docs']} documents")
+
+
+def run_shards(lc, upstream: dict, out_dir: Path, mapper=None) -> dict:
+    """Run the stage into ``out_dir``: plan, process every partition (through ``mapper(fn, items)`` when given,
+    e.g. Prefect tasks; else one after another here, each encoding on the tokenizer's threads / worker
+    processes as ``shards.workers`` says), merge. Returns the manifest fields (see the module docstring)."""
+    import shutil
+    out_dir = Path(out_dir)
+    parts = plan_shards(lc, upstream)
+    work = out_dir / ".parts"
+    dirs = [work / f"{p['index']:06d}" for p in parts]
+    from mlm_core.progress import Progress
+    shown = Progress("shards", sum(p["stop"] - p["start"] for p in parts), unit="docs")   # display only
+
+    def one(item):
+        p, d = item
+        r = process_shards(lc, upstream, p, d)
+        shown.update(advance=p["stop"] - p["start"], note=f"encoding {p['lang']} ({p['part'] + 1}/{p['of']})")
+        return r
+    try:
+        results = mapper(one, list(zip(parts, dirs))) if mapper else [one(x) for x in zip(parts, dirs)]
+    finally:
+        shown.close()
+    manifest = merge_shards(lc, upstream, parts, results, dirs, out_dir)
+    shutil.rmtree(work, ignore_errors=True)
+    return manifest
 
 
 def _write_tables(out_dir: Path, table: list[dict], per_lang: dict) -> None:
