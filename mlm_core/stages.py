@@ -207,7 +207,7 @@ STAGES: dict[str, StageSpec] = {
                            derived=lambda lc: {"alpha": lc.config.tokenizer_alpha},
                            summary="train a tokenizer on a language-balanced sample"),
     "shards": StageSpec("shards", ("normalize", "tokenizer"), code_version="2", reads=("shards",), run=_run_shards,
-                        derived=lambda lc: {"languages": lc.config.languages},
+                        derived=lambda lc: {"languages": lc.config.languages}, partitioned=True,
                         summary="encode, pack and write Arrow shards with the language sampling table"),
     "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), code_version="2",
                           reads=("pretrain", "seed"), run=_run_pretrain, inputs=_pretrain_inputs,
