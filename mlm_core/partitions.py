@@ -174,6 +174,10 @@ def run_partition(job: PartitionJob) -> dict:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    trace = os.environ.get("MLM_PARTITION_TRACE")
+    if trace:                     # tests only: which partitions were computed (not reused), one key a line
+        with open(trace, "a", encoding="utf-8") as f:
+            f.write(key + "\n")
     return {**result, "_reused": False, "_dir": str(final)}
 
 

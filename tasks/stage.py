@@ -77,6 +77,13 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
         live = tracker.start_stage(name, plans[name].fingerprint, started=t0)   # curves appear while it trains
         if live is not None:
             hooks["metrics_cb"] = tracker.stream(live)   # a background thread: training never waits on MLflow
+    if stages.STAGES[name].partitioned:
+        from tasks.engine import mapper_for
+        mapper = mapper_for(lc, name)          # execution.engine: each partition a Prefect task on Dask
+        if mapper is not None:
+            if force or plans[name].status != "done":
+                mapper.preflight()             # an unreachable scheduler / unshared workdir: fail before any work
+            hooks["mapper"] = mapper
     hit = False
     try:
         with progress_log.to_run_log():     # live progress lines also reach the Prefect run log

@@ -1,0 +1,212 @@
+"""Execution engines for partitioned stages: each partition a Prefect task on the flow's Dask task runner.
+
+``mapper_for(lc, stage)`` returns the ``mlm_core.partitions.Mapper`` a stage's partitions go through:
+``None`` for ``execution.engine: local`` (the stage's own in-process pool, today's speed), or a Dask mapper
+for ``engine: dask``: prefect-dask's ``DaskTaskRunner`` on an existing scheduler (``execution.address``)
+or on a LocalCluster of ``execution.workers`` processes. Each partition is then one Prefect task run
+(``partition_task``, named ``<stage>[i] <key>``: visible in the UI, retried on its own), and its output
+is cached by its own content key (``mlm_core.partitions``: a complete partition folder is reused, so a
+rerun after a failure recomputes only the missing partitions). A worker lost mid-stage: Dask reruns its
+partitions on the other workers (each writes into a fresh temporary folder, renamed into place once).
+
+Before any partition runs (``check_cluster``), each failure is a clear ``EngineError``:
+- an unreachable scheduler address;
+- no worker, or a worker whose libraries differ from this process's (Dask's own package list plus the
+  fingerprint's library list, ``mlm_core.store.library_versions``): named, with both versions;
+- a worker that cannot read and write the workdir (a probe file written here must be read there, and the
+  worker's reply file must be visible here): the workdir must be on a filesystem every worker shares.
+A scheduler that goes away mid-stage fails the stage with the address named (the store keeps the unfinished
+output as ``.failed-<fingerprint>``; the finished partitions stay for the rerun).
+
+``engine: ray`` would be the same switch (prefect-ray's ``RayTaskRunner`` in ``_runner``); not installed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from pathlib import Path
+
+from prefect import task
+
+from mlm_core.errors import MlmError
+from mlm_core.partitions import PARTITIONS_DIR, run_partition
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 10
+# Dask's own wire-compatibility list, plus what the stages' bytes depend on (the fingerprint's library list)
+DASK_PACKAGES = ("python", "dask", "distributed", "cloudpickle", "msgpack", "tornado", "toolz")
+
+
+class EngineError(MlmError):
+    """The execution engine cannot run the stage (scheduler unreachable, workers that differ or cannot see
+    the workdir, a scheduler lost mid-stage)."""
+
+
+@task(name="partition", retries=2, retry_delay_seconds=1)
+def partition_task(job: dict) -> dict:
+    """Process one partition (``mlm_core.partitions.run_partition``); a complete folder is reused."""
+    return run_partition(job)
+
+
+def mapper_for(lc, stage: str):
+    """The mapper for ``stage``'s partitions under ``execution`` (None: the stage's local pool)."""
+    ex = lc.config.execution
+    if ex.engine == "local":
+        return None
+    return DaskMapper(lc, stage)
+
+
+# ---------------------------------------------------------------- checks run on every worker
+def _worker_versions() -> dict:
+    from mlm_core.store import library_versions
+    return library_versions()
+
+
+def _worker_probe(probe: str, token: str) -> str:
+    """Read the driver's probe file, write a reply next to it; returns an error message ('' when fine)."""
+    p = Path(probe)
+    try:
+        got = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        return f"cannot read {p} ({exc.strerror or exc})"
+    if got != token:
+        return f"{p} has other content than the driver wrote (a different filesystem at the same path)"
+    reply = p.with_name(f"{p.name}.{socket.gethostname()}.{os.getpid()}")
+    try:
+        reply.write_text(token, encoding="utf-8")
+    except OSError as exc:
+        return f"cannot write {reply} ({exc.strerror or exc})"
+    return str(reply)
+
+
+def compare_versions(mine: dict, workers: dict[str, dict]) -> list[str]:
+    """One line per (worker, library) whose version differs from this process's."""
+    out = []
+    for addr, theirs in sorted(workers.items()):
+        for lib in sorted(set(mine) | set(theirs)):
+            if mine.get(lib) != theirs.get(lib):
+                out.append(f"worker {addr}: {lib} {theirs.get(lib) or 'missing'} (here: {mine.get(lib) or 'missing'})")
+    return out
+
+
+def check_cluster(client, workdir: Path, where: str) -> list[str]:
+    """Versions and workdir visibility on every worker (see the module docstring); returns the worker addresses."""
+    workers = sorted(client.scheduler_info().get("workers", {}))
+    if not workers:
+        raise EngineError(f"{where}: the Dask cluster has no worker: start `dask worker {where}` on each node")
+    v = client.get_versions(check=False)
+    mine = {k: str(val) for k, val in (v["client"]["packages"] or {}).items() if k in DASK_PACKAGES}
+    dask_side = {a: {k: str(val) for k, val in (w["packages"] or {}).items() if k in DASK_PACKAGES}
+                 for a, w in (v.get("workers") or {}).items()}
+    ours = client.run(_worker_versions)
+    problems = compare_versions({**mine, **_worker_versions()}, {a: {**dask_side.get(a, {}), **ours[a]} for a in ours})
+    if problems:
+        raise EngineError("execution.engine dask: worker libraries differ from this process's (outputs would not "
+                          "be byte-identical); install the same versions on every worker:\n  " + "\n  ".join(problems))
+    probe_dir = Path(workdir) / PARTITIONS_DIR / ".probe"
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    token = uuid.uuid4().hex
+    probe = probe_dir / f"probe-{token[:12]}"
+    probe.write_text(token, encoding="utf-8")
+    try:
+        replies = client.run(_worker_probe, str(probe), token)
+        bad = []
+        for addr, got in sorted(replies.items()):
+            if not got.startswith("/") or not Path(got).is_file():
+                bad.append(f"worker {addr}: {got if not got.startswith('/') else f'its reply {got} is not visible here'}")
+        if bad:
+            raise EngineError(f"the workdir {workdir} is not shared with every Dask worker (it must be on a filesystem "
+                              "all workers mount at the same path; see docs/SCALING.md):\n  " + "\n  ".join(bad))
+    finally:
+        for f in probe_dir.glob(f"{probe.name}*"):
+            f.unlink(missing_ok=True)
+    return workers
+
+
+# ---------------------------------------------------------------- the Dask mapper
+class DaskMapper:
+    """``mapper(run_partition, jobs)`` as Prefect tasks on a DaskTaskRunner (``execution.address`` / ``workers``)."""
+
+    def __init__(self, lc, stage: str):
+        self.lc, self.stage = lc, stage
+        self.ex = lc.config.execution
+        self._checked = False
+
+    def _runner(self):
+        from prefect_dask import DaskTaskRunner
+        if self.ex.address:
+            return DaskTaskRunner(address=self.ex.address)
+        return DaskTaskRunner(cluster_kwargs={"n_workers": self.ex.workers, "threads_per_worker": 1,
+                                              "processes": True, "dashboard_address": None})
+
+    def preflight(self) -> None:
+        """An existing scheduler: reachable, workers alike and sharing the workdir, before any work (once)."""
+        if not self.ex.address or self._checked:
+            return
+        from distributed import Client
+        try:
+            client = Client(self.ex.address, timeout=f"{CONNECT_TIMEOUT_S}s", set_as_default=False)
+        except (OSError, TimeoutError) as exc:
+            raise EngineError(f"execution.address {self.ex.address}: no Dask scheduler answers within "
+                              f"{CONNECT_TIMEOUT_S} s ({type(exc).__name__}: {exc}); start one with `dask scheduler` "
+                              "or fix the address") from None
+        try:
+            check_cluster(client, self.lc.workdir, self.ex.address)
+        finally:
+            client.close()
+        self._checked = True
+
+    def __call__(self, fn, jobs: list[dict]) -> list[dict]:
+        if fn is not run_partition:
+            raise EngineError("the Dask engine runs mlm_core.partitions.run_partition only")
+        self.preflight()
+        where = self.ex.address or f"LocalCluster({self.ex.workers} workers)"
+        with _api_settings(), self._runner() as runner:
+            if not self.ex.address:
+                check_cluster(runner.client, self.lc.workdir, where)
+            futures = [runner.submit(partition_task.with_options(task_run_name=f"{self.stage}[{i}] {j['key']}"),
+                                     {"job": j}) for i, j in enumerate(jobs)]
+            results = []
+            for i, f in enumerate(futures):
+                try:
+                    results.append(f.result())
+                except Exception as exc:
+                    if _lost_scheduler(exc, runner):
+                        raise EngineError(
+                            f"{self.stage}: the Dask scheduler at {where} went away mid-stage ({type(exc).__name__}; "
+                            f"{i} of {len(jobs)} partition results received). The finished partitions are kept: "
+                            "rerun the stage once the scheduler is back, only the missing partitions run") from None
+                    raise
+            log.info("%s: %d partitions on %s", self.stage, len(results), where)
+            return results
+
+
+def _lost_scheduler(exc: BaseException, runner) -> bool:
+    from distributed.client import FutureCancelledError
+    try:
+        status = runner.client.status
+    except Exception:      # noqa: BLE001 - a client that cannot say: treat as lost
+        status = "closed"
+    return isinstance(exc, (FutureCancelledError, OSError, TimeoutError)) or status not in ("running", "newly-created")
+
+
+def _api_settings():
+    """The Prefect API this process talks to, made explicit in the settings every task carries to its worker:
+    with the temporary server of `mlm run` no PREFECT_API_URL is set, and a worker would start its own."""
+    import contextlib
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    if PREFECT_API_URL.value():
+        return contextlib.nullcontext()
+    from prefect.client.orchestration import get_client
+    with get_client(sync_client=True) as c:
+        url = str(c.api_url)
+    if not url.startswith("http") or "ephemeral-prefect" in url:
+        return contextlib.nullcontext()
+    return temporary_settings({PREFECT_API_URL: url})
+
+
+__all__ = ["EngineError", "mapper_for", "partition_task", "check_cluster", "compare_versions", "DaskMapper"]

@@ -1,0 +1,246 @@
+"""engine: dask with real processes: a `dask scheduler` and `dask worker` subprocesses on 127.0.0.1.
+
+The normalize stage runs through the stage's Prefect flow (the path `mlm run` takes), each partition a
+Prefect task on prefect-dask's DaskTaskRunner; its files must be byte-identical (manifest sha256s) to
+engine local, also after a worker is killed mid-stage (its partitions rerun on the other worker). An
+unreachable scheduler, a worker that does not see the workdir, a scheduler lost mid-stage: clear errors.
+Many small partitions (execution.partition_mb) and a per-partition delay (MLM_PARTITION_DELAY_S, read by
+the workers) make the kill land mid-stage.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from conftest import REPO
+
+DASK = Path(sys.executable).parent / "dask"
+DEMO = REPO / "configs" / "demo" / "corpus"
+LANGS = ("en", "fr", "ru", "zh")
+PARTITION_MB = 0.05            # ~30 partitions of the demo's en/fr/ru/zh files
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """A scheduler and N workers as subprocesses (no nanny: a killed worker stays dead); always cleaned up."""
+
+    def __init__(self, tmp: Path, n: int, env: dict | None = None, wrap=None):
+        self.port = _free_port()
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.tmp, self.env = tmp, {**os.environ, **(env or {})}
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self._start("scheduler", [str(DASK), "scheduler", "--host", "127.0.0.1", "--port", str(self.port),
+                                  "--no-dashboard", "--no-show"])
+        for i in range(n):
+            cmd = [str(DASK), "worker", self.address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                   "--name", f"w{i}", "--local-directory", str(tmp / f"w{i}-scratch")]
+            self._start(f"w{i}", wrap(cmd) if wrap else cmd)
+        self.wait_workers(n)
+
+    def _start(self, name: str, cmd: list[str]) -> None:
+        log = open(self.tmp / f"{name}.log", "wb")
+        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                            start_new_session=True)
+
+    def wait_workers(self, n: int, timeout: float = 60) -> None:
+        from distributed import Client
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                with Client(self.address, timeout="2s", set_as_default=False) as c:
+                    c.wait_for_workers(n, timeout=max(1, deadline - time.time()))
+                    return
+            except (OSError, TimeoutError):
+                time.sleep(0.3)
+        raise AssertionError(f"{n} dask workers did not register: {self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in self.tmp.glob("*.log"))
+
+    def kill(self, name: str) -> None:
+        p = self.procs[name]
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+    def close(self) -> None:
+        for name in reversed(list(self.procs)):
+            self.kill(name)
+
+
+@pytest.fixture
+def clusters(tmp_path):
+    started: list[Cluster] = []
+
+    def start(n: int = 2, **kw) -> Cluster:
+        c = Cluster(tmp_path / f"cluster{len(started)}", n, **kw)
+        started.append(c)
+        return c
+    try:
+        yield start
+    finally:
+        for c in started:
+            c.close()
+
+
+def write_config(tmp_path: Path, name: str) -> Path:
+    raw = {"name": name, "workdir": str(tmp_path / name / "work"),
+           "sources": {lang: {"paths": [str(DEMO / f"{lang}.txt")]} for lang in LANGS},
+           "normalize": {"min_chars": 5, "max_chars": 20000, "workers": 1},
+           "tracking": {"enabled": False}, "execution": {"partition_mb": PARTITION_MB}}
+    p = tmp_path / name / "pipeline.yaml"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return p
+
+
+def run_flow(cfg: Path, *overrides: str, force: bool = False) -> dict:
+    from flows.pipeline import STAGE_FLOWS
+    [res] = STAGE_FLOWS["normalize"](config_path=str(cfg), overrides=list(overrides), force=force)
+    return res
+
+
+def dask_overrides(cluster: Cluster) -> list[str]:
+    return ["execution.engine=dask", f"execution.address={cluster.address}"]
+
+
+def sha256s(path: str | Path) -> dict:
+    m = json.loads((Path(path) / "manifest.json").read_text())
+    return {k: v["sha256"] for k, v in m["files"].items()}
+
+
+@pytest.fixture(scope="module")
+def local_reference(tmp_path_factory):
+    """engine local, in-process (no Prefect): the sha256s the Dask runs must reproduce."""
+    from mlm_core import stages
+    from mlm_core.configio import load_config
+    tmp = tmp_path_factory.mktemp("local")
+    lc = load_config(write_config(tmp, "local"))
+    art, _ = stages.execute(lc, "normalize", stages.plan(lc))
+    assert art.manifest["partitions"] >= 20          # many partitions, or the kill could land after the last
+    return art
+
+
+def test_dask_cluster_output_equals_local(tmp_path, clusters, local_reference, prefect_harness):
+    c = clusters(2)
+    cfg = write_config(tmp_path, "dask")
+    res = run_flow(cfg, *dask_overrides(c))
+    assert res["fingerprint"] == local_reference.fingerprint        # execution is in no fingerprint
+    assert sha256s(res["path"]) == sha256s(local_reference.path)
+    # both workers took partitions (each Prefect task run logs on the worker that ran it)
+    assert all("Task run 'normalize[" in (c.tmp / f"w{i}.log").read_text() for i in range(2)), c.logs()
+    assert not list((Path(res["path"]).parents[1] / "partitions" / "normalize").iterdir())   # merged: removed
+
+
+def test_worker_killed_mid_stage_output_identical(tmp_path, clusters, local_reference, prefect_harness):
+    c = clusters(2, env={"MLM_PARTITION_DELAY_S": "0.3"})
+    cfg = write_config(tmp_path, "kill")
+    parts = tmp_path / "kill" / "work" / "partitions" / "normalize"
+    killed = threading.Event()
+
+    def killer():
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if len(list(parts.glob("*/part.json"))) >= 4:
+                c.kill("w1")
+                killed.set()
+                return
+            time.sleep(0.05)
+    t = threading.Thread(target=killer, daemon=True)
+    t.start()
+    res = run_flow(cfg, *dask_overrides(c))
+    t.join(5)
+    assert killed.is_set(), "the worker was not killed mid-stage"
+    assert c.procs["w1"].poll() is not None
+    assert sha256s(res["path"]) == sha256s(local_reference.path)
+    for lang in LANGS:                          # no missing or duplicate document
+        got = pq.read_table(Path(res["path"]) / "docs" / f"{lang}.parquet", columns=["doc_id"]).column(0).to_pylist()
+        want = pq.read_table(local_reference.path / "docs" / f"{lang}.parquet", columns=["doc_id"]).column(0).to_pylist()
+        assert got == want and len(set(got)) == len(got)
+
+
+def test_unreachable_scheduler_fails_before_any_work(tmp_path, prefect_harness):
+    from tasks.engine import EngineError
+    cfg = write_config(tmp_path, "bad")
+    with pytest.raises(EngineError, match=r"execution.address tcp://127.0.0.1:\d+: no Dask scheduler answers"):
+        run_flow(cfg, "execution.engine=dask", f"execution.address=tcp://127.0.0.1:{_free_port()}")
+    work = tmp_path / "bad" / "work"
+    assert not (work / "normalize").exists() and not (work / "partitions").exists()    # nothing ran
+
+
+def _private_mount(target: Path):
+    """Wrap a worker command so it sees an empty tmpfs at ``target``: a node without the shared filesystem."""
+    def wrap(cmd: list[str]) -> list[str]:
+        inner = f"mount -t tmpfs none {target} && exec " + " ".join(cmd)
+        return ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", inner]
+    return wrap
+
+
+def test_workdir_not_visible_from_a_worker(tmp_path, clusters, prefect_harness):
+    from tasks.engine import EngineError
+    shared = tmp_path / "nfs"
+    shared.mkdir()
+    ok = subprocess.run(_private_mount(shared)(["true"]), capture_output=True)
+    if ok.returncode != 0 or shutil.which("unshare") is None:
+        pytest.skip(f"no user+mount namespaces here (unshare: {ok.stderr.decode()[:200]!r}): cannot hide the workdir")
+    cfg = write_config(shared, "hidden")
+    c = clusters(1, wrap=_private_mount(shared))
+    with pytest.raises(EngineError, match=r"is not shared with every Dask worker.*\n  worker tcp://.*cannot read"):
+        run_flow(cfg, *dask_overrides(c))
+    assert not (shared / "hidden" / "work" / "normalize").exists()
+
+
+def test_scheduler_lost_mid_stage_then_rerun_recomputes_only_missing(tmp_path, clusters, local_reference,
+                                                                    prefect_harness):
+    from tasks.engine import EngineError
+    trace = tmp_path / "computed.txt"
+    env = {"MLM_PARTITION_DELAY_S": "0.3", "MLM_PARTITION_TRACE": str(trace)}
+    c = clusters(2, env=env)
+    cfg = write_config(tmp_path, "lost")
+    parts = tmp_path / "lost" / "work" / "partitions" / "normalize"
+
+    def killer():
+        deadline = time.time() + 120
+        while time.time() < deadline and len(list(parts.glob("*/part.json"))) < 4:
+            time.sleep(0.05)
+        c.kill("scheduler")
+    threading.Thread(target=killer, daemon=True).start()
+    with pytest.raises(EngineError, match="the Dask scheduler at tcp://.* went away mid-stage"):
+        run_flow(cfg, *dask_overrides(c))
+    c.close()
+    stage_dir = tmp_path / "lost" / "work" / "normalize"
+    assert [p.name for p in stage_dir.iterdir()] == [f".failed-{local_reference.fingerprint}"]
+    done_before = {p.parent.name for p in parts.glob("*/part.json")}
+    assert 4 <= len(done_before) < local_reference.manifest["partitions"]
+    trace.unlink()
+    c2 = clusters(2, env={"MLM_PARTITION_TRACE": str(trace)})
+    res = run_flow(cfg, *dask_overrides(c2))
+    recomputed = set(trace.read_text().split())
+    assert recomputed.isdisjoint(done_before)                         # the finished partitions were reused
+    assert len(recomputed) == local_reference.manifest["partitions"] - len(done_before)
+    assert sha256s(res["path"]) == sha256s(local_reference.path)
+
+
+def test_version_mismatch_is_named():
+    from tasks.engine import compare_versions
+    got = compare_versions({"pyarrow": "25.0.1", "dask": "2026.8.0"},
+                           {"tcp://10.0.0.7:4000": {"pyarrow": "24.0.0", "dask": "2026.8.0"}})
+    assert got == ["worker tcp://10.0.0.7:4000: pyarrow 24.0.0 (here: 25.0.1)"]
