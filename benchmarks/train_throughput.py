@@ -126,7 +126,7 @@ def bench_ours(arch, data, device, dtype, warmup, steps, compiled=False, first=N
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if device.type == "cuda" else {}))
     ac = torch.autocast("cuda", dtype=torch.bfloat16) if dtype == torch.bfloat16 else None
     n_sel = int((labels != -100).sum())
-    fwd = CompiledForward("mlm", MaskingConfig(), *ids.shape) if compiled else None
+    fwd = CompiledForward("mlm", MaskingConfig(), *ids.shape, device) if compiled else None
 
     def step():
         with ac if ac else torch.autocast("cpu", enabled=False):

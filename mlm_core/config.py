@@ -309,6 +309,14 @@ class DistributedConfig(Section):
     timeout_s: int = Field(default=600, ge=10, description="Collective timeout; a hung rank fails the stage after this.",
         json_schema_extra={"effect": "none"})
 
+    @model_validator(mode="after")
+    def _multi_node_needs_endpoint(self):
+        # without it every node would start its own standalone group and wait for the others forever
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError(f"pretrain.distributed.rdzv_endpoint is required when nnodes is {self.nnodes} "
+                             "(host:port of the rendezvous every node joins, e.g. 10.0.0.1:29400)")
+        return self
+
 
 class PretrainConfig(Section):
     """Masked-language-model pretraining."""
@@ -363,8 +371,8 @@ class PretrainConfig(Section):
         default="auto", description="torch.compile the training forward (fixed masked-position budget: one graph, "
         "no recompiles). auto: on for one process on CUDA or a CPU with a C++ compiler, when the run has at least "
         "2000 micro-batches (shorter runs finish sooner without the ~1 min compile); on: always (an error where "
-        "it cannot run); off: eager. Speed only: losses agree with eager to float rounding; with dropout the "
-        "compiled run draws other dropout masks. Off under torchrun.", json_schema_extra={"effect": "none"})
+        "it cannot run); off: eager. Speed only: losses agree with eager to float rounding (on CUDA the "
+        "compiled run draws other dropout masks). Off under torchrun.", json_schema_extra={"effect": "none"})
     peak_flops: float | None = Field(
         default=None, gt=0, description="Declared peak FLOP/s per process for the MFU estimate (default: 175e9 on CPU, "
         "989e12 bf16 on H100/H200-class GPUs).", json_schema_extra={"effect": "none"})

@@ -1,18 +1,18 @@
 """pretrain.compile: the fixed-shape compiled training forward (mlm_core.train.compiled).
 
-One graph per objective (and dropout value) for the whole process: dynamo's cache for the compiled
-function holds one entry after runs with a masking-rate schedule and all three strategies (no recompile:
-not within a run, not across runs, models or strategies), no graph break (the graph is compiled with
-fullgraph=True and the break counter stays empty), the compiled losses follow the eager loop's (same
-masks, same optimizer; dropout 0 so both draw no dropout noise) within a relative 2e-4 per logged step
-(float rounding: fused kernels and another summation order, compounded over 20 AdamW steps), and a
-compiled run stopped at step 10 and resumed logs exactly the losses of an uninterrupted compiled run
-(dropout on: inductor's dropout generator is seeded from torch's global RNG, which checkpoints restore).
+One graph per objective and budget: a compiled run compiles once at its first step and never again over
+20 steps of a moving masking rate (dynamo's cache for the compiled function grows by at most one entry
+per run, by none when a run's budget was seen before: runs, models and strategies with the same budget
+share the graph); no graph break (fullgraph=True, and the break counter stays empty); the compiled
+losses follow the eager loop's (same masks, same optimizer, dropout 0.1: on CPU the graph draws dropout
+through aten, i.e. the eager masks) within a relative 2e-4 per logged step (float rounding: fused
+kernels and another summation order, compounded over 20 AdamW steps); a compiled run stopped at step 10
+and resumed logs exactly the losses of an uninterrupted compiled run.
 
-Compiling costs ~30-60 s per graph on the loaded 2-core box, so the module shares three graphs (MLM
-dropout 0, MLM dropout 0.1, ELECTRA dropout 0) between its tests; the tiny shape (batch 4 x 32) puts
-every strategy's budget at the cap B x T, so the strategies share the MLM graph too (the budget below the
-cap is checked on the bare function against the eager model, on a fourth, smaller graph).
+Compiling costs ~20-60 s per graph on the loaded 2-core box, so the tests share graphs where they can: at
+the tiny shape (batch 4 x 32, rate_max 0.4) token and whole_word masking share one MLM budget and graph,
+span has its own; the resume test reuses the span graph; the bare function is checked against the eager
+model's gradients on a graph of its own; ELECTRA has one.
 """
 from __future__ import annotations
 
@@ -51,26 +51,30 @@ def test_mlm_one_graph_across_schedule_and_strategies_matches_eager(shards, tmp_
     from torch._dynamo.utils import counters
 
     from mlm_core.train import compiled
-    breaks, entries = sum(counters["graph_break"].values()), None
+    breaks, shapes = sum(counters["graph_break"].values()), set()
     for strategy in ("token", "whole_word", "span"):
+        before = _entries(compiled.mlm_loss)
         kw = dict(steps=20, masking={"strategy": strategy, "schedule": "cosine", "rate_max": 0.4},
-                  model={"dropout": 0.0}, log_every=1)
+                  model={"dropout": 0.1}, log_every=1)
         r = run(tiny_cfg(compile="on", **kw), shards[0], tmp_path / f"c-{strategy}")
         run(tiny_cfg(compile="off", **kw), shards[0], tmp_path / f"e-{strategy}")
         rates = [x["masking_rate"] for x in read_metrics(tmp_path / f"c-{strategy}")]
         assert max(rates) > 0.35 and min(rates) < 0.12       # the schedule really moved the rate
         _close(_losses(tmp_path / f"c-{strategy}"), _losses(tmp_path / f"e-{strategy}"))
         assert r["completed"]
-        entries = entries if entries is not None else _entries(compiled.mlm_loss)
-        assert entries >= 1                                       # the loop really ran the compiled graph
-        assert _entries(compiled.mlm_loss) == entries           # no recompile: one graph for 60 steps, 3 strategies
+        # one graph per budget: the run compiled at most once (its first step, when its budget was new) and
+        # never recompiled in 20 steps of a moving rate; a run with a budget seen before reuses that graph
+        budget = compiled.masked_budget(tiny_cfg(**kw).masking, 4, 32)
+        assert _entries(compiled.mlm_loss) - before == (0 if budget in shapes else 1)
+        shapes.add(budget)
+    assert len(shapes) == 2                     # token and whole_word share a budget here, span has its own
     assert sum(counters["graph_break"].values()) == breaks
 
 
 def test_compiled_resume_is_exact_with_dropout(shards, tmp_path):
     """20 compiled steps straight == 10, stop, resume to 20 (span masking, cosine schedule, dropout 0.1)."""
     cfg = tiny_cfg(compile="on", steps=20, checkpoint_every=5, log_every=1, model={"dropout": 0.1},
-                   masking={"strategy": "span", "schedule": "cosine"})
+                   masking={"strategy": "span", "schedule": "cosine", "rate_max": 0.4})
     run(cfg, shards[0], tmp_path / "a")
     first = run(cfg, shards[0], tmp_path / "b", stop_after=10)
     assert first["step"] == 10
@@ -83,7 +87,7 @@ def test_compiled_resume_is_exact_with_dropout(shards, tmp_path):
 
 def test_electra_compiles_once_matches_eager_and_resumes(shards, tmp_path):
     from mlm_core.train import compiled
-    kw = dict(objective="electra", steps=16, checkpoint_every=4, log_every=1, model={"dropout": 0.0},
+    kw = dict(objective="electra", steps=16, checkpoint_every=4, log_every=1, model={"dropout": 0.1},
               masking={"schedule": "linear"})
     run(tiny_cfg(compile="off", **kw), shards[0], tmp_path / "e")
     run(tiny_cfg(compile="on", **kw), shards[0], tmp_path / "c")

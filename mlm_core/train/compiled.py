@@ -23,9 +23,11 @@ micro-batch only, so a resumed run takes the same rungs as an uninterrupted one.
 
 What differs from eager (``pretrain.compile: off``), and why the effect is "none" (not in the
 fingerprint): the values agree to float rounding (fused kernels, a different summation order in the
-head's weight gradient), not bit for bit; dropout masks come from inductor's own generator (seeded from
-torch's global RNG, which checkpoints save), so with dropout > 0 a compiled run is a different (equally
-valid) sample of the dropout noise than an eager one; each is reproducible and resumes exactly.
+head's weight gradient), not bit for bit. On CPU the graph draws dropout through aten's own random ops
+(inductor's ``fallback_random``), i.e. the very masks the eager step draws from torch's global RNG, so a
+compiled run follows the eager one with dropout on too; on CUDA inductor's Philox generator (seeded from
+the global RNG) draws other, equally valid masks. Either way the streams live in torch's global RNG,
+which checkpoints save: a compiled run is reproducible and resumes exactly.
 
 auto = on for one process on CUDA (Triton present) or on CPU with a C++ compiler (inductor's need) and a
 Python dynamo supports, for runs of at least ``AUTO_MIN_MICRO_STEPS`` micro-batches (shorter ones finish
@@ -162,12 +164,15 @@ def electra_loss(model, ids, seg, labels, label_smoothing: float, budget: int, n
 class CompiledForward:
     """``objective.forward`` for training micro-batches of one shape, through a fixed-shape compiled graph."""
 
-    def __init__(self, kind: str, mcfg, batch: int, seq_len: int):
+    def __init__(self, kind: str, mcfg, batch: int, seq_len: int, device: torch.device | None = None):
         self.kind, self.B, self.T = kind, batch, seq_len
         self.first = masked_budget(mcfg, batch, seq_len)
         fn = electra_loss if kind == "electra" else mlm_loss
-        # fullgraph: a graph break is an error, not a silent slow path; dynamic=False: the shapes are fixed
-        self.fn = torch.compile(fn, fullgraph=True, dynamic=False)
+        # fullgraph: a graph break is an error, not a silent slow path; dynamic=False: the shapes are fixed.
+        # CPU: dropout through aten's vectorized bernoulli (fallback_random) - inductor's own per-element
+        # Philox C++ loop cost ~0.24 s of a 1.5 s small-model step here; Triton's on CUDA is fast, so kept there
+        cpu = device is None or device.type == "cpu"
+        self.fn = torch.compile(fn, fullgraph=True, dynamic=False, options={"fallback_random": cpu})
         self.overflows = 0
 
     def applies(self, model, ids) -> bool:

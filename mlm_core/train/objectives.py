@@ -31,7 +31,8 @@ class MLM:
         from mlm_core.train.compiled import CompiledForward, use_compile
         on, why = use_compile(self.cfg, device, world_size)
         if on:
-            self.compiled = CompiledForward(self.name, self.masking(self.cfg.masking), self.cfg.batch_size, seq_len)
+            self.compiled = CompiledForward(self.name, self.masking(self.cfg.masking), self.cfg.batch_size, seq_len,
+                                            device)
         return on, why
 
     def _compiled(self, model, ids) -> bool:
