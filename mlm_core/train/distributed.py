@@ -9,6 +9,16 @@ writes ``<run_dir>/errors/rank<r>.txt`` before exiting). It never hangs: torchru
 one fails, collectives time out after ``timeout_s``, and a wall-clock guard kills the whole group when no
 line and no heartbeat arrived for ``timeout_s`` seconds.
 
+Multi-node (``nnodes`` > 1): every node calls ``launch`` with the same arguments and its own ``node_rank``,
+``rdzv_endpoint`` = node 0's host:port. ``run_dir`` (and the checkpoint folder beside it) must be one shared
+folder: rank 0 writes the weights and the result, every rank its RNG/sampler state, into the same checkpoint.
+The torchrun run id (``--rdzv_id``) is derived from the arguments, so the nodes of one training meet and two
+trainings on one endpoint do not. With the c10d backend the rendezvous numbers the ranks (torchrun ignores
+``node_rank``; rank 0 may run on any node) and node 0 hosts the rendezvous store; ``rdzv_backend: static``
+numbers them by ``node_rank``. Every node's ``launch`` returns rank 0's result, read from the shared folder.
+A SIGTERM to one node stops all ranks at the same step boundary (checkpoint first); every node then raises
+``signals.Interrupted``, and relaunching every node resumes from that checkpoint.
+
 Worker: ``setup()`` reads RANK / WORLD_SIZE / LOCAL_RANK, picks the backend (gloo on CPU, nccl on CUDA)
 and calls ``init_process_group`` with the timeout. ``wrap_model`` returns DDP, or the module sharded
 in place with FSDP2 ``fully_shard`` (each transformer block, then the root).
@@ -115,16 +125,36 @@ def write_error(rank: int, text: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ caller side
-def torchrun_command(dist_cfg, args_file: Path, module: str = "mlm_core.train.worker") -> list[str]:
+def rendezvous_id(args: dict, run_dir: Path) -> str:
+    """The torchrun run id every node of one training computes alike: from the worker arguments and the run
+    folder's last two names (the trajectory key, then ``launch``), not its absolute path, which may differ
+    between nodes mounting the same shared folder. Two different trainings on one endpoint never meet."""
+    import copy
+    import hashlib
+    config = copy.deepcopy(args.get("config") or {})
+    config.get("distributed", {}).pop("node_rank", None)        # the one setting that differs between nodes
+    key = {"config": config, "seed": args.get("seed"), "dir": "/".join(Path(run_dir).parts[-2:])}
+    return "mlm-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def torchrun_command(dist_cfg, args_file: Path, module: str = "mlm_core.train.worker",
+                     rdzv_id: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(dist_cfg.nproc_per_node),
            "--nnodes", str(dist_cfg.nnodes), "--max_restarts", "0"]
     if dist_cfg.nnodes == 1 and not dist_cfg.rdzv_endpoint:
         cmd += ["--standalone"]                    # single node: a free local port, no rendezvous server
     else:
         if not dist_cfg.rdzv_endpoint:
-            raise DistributedTrainingError("distributed.nnodes > 1 needs distributed.rdzv_endpoint (host:port)")
+            raise DistributedTrainingError("pretrain.distributed.rdzv_endpoint is required when nnodes > 1 (host:port)")
         cmd += ["--node_rank", str(dist_cfg.node_rank), "--rdzv_backend", dist_cfg.rdzv_backend,
                 "--rdzv_endpoint", dist_cfg.rdzv_endpoint]
+        if rdzv_id:
+            cmd += ["--rdzv_id", rdzv_id]
+        if dist_cfg.rdzv_backend == "c10d":
+            # c10d assigns global ranks itself (torchrun ignores node_rank); node_rank 0 hosts the rendezvous
+            # store, so the endpoint is node 0's address (no guessing from host names, which fails when
+            # several "nodes" share one host), and a node that never comes fails after timeout_s, not 600 s
+            cmd += ["--rdzv_conf", f"is_host={int(dist_cfg.node_rank == 0)},join_timeout={dist_cfg.timeout_s}"]
     return cmd + ["-m", module, str(args_file)]
 
 
@@ -163,14 +193,20 @@ def launch(args: dict, dist_cfg, run_dir: Path, *, metrics_cb: Callable[[dict], 
     """Run the worker under torchrun; returns rank 0's result dict (see the module docstring)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    err_dir = run_dir / "errors"
-    for f in err_dir.glob("rank*.txt"):
-        f.unlink()
-    (run_dir / "result.json").unlink(missing_ok=True)
-    args_file = run_dir / "worker-args.json"
-    args_file.write_text(json.dumps({**args, "result_file": str(run_dir / "result.json")}, indent=1),
-                         encoding="utf-8")
-    cmd = torchrun_command(dist_cfg, args_file, module)
+    err_dir, result_file = run_dir / "errors", run_dir / "result.json"
+    # Several nodes share run_dir (checkpoints need a shared folder anyway). Node 0 clears the last attempt's
+    # files before its torchrun starts, hence before any rank of this attempt can run (they wait for node 0
+    # in the rendezvous); the others leave them alone. Each node writes its own arguments file.
+    primary = dist_cfg.node_rank == 0
+    if primary:
+        for f in err_dir.glob("rank*.txt"):
+            f.unlink()
+        result_file.unlink(missing_ok=True)
+    args_file = run_dir / ("worker-args.json" if primary else f"worker-args-node{dist_cfg.node_rank}.json")
+    from mlm_core.store import write_json_atomic
+    write_json_atomic(args_file, {**args, "result_file": str(result_file)})
+    cmd = torchrun_command(dist_cfg, args_file, module,
+                           rdzv_id=rendezvous_id(args, run_dir) if dist_cfg.nnodes > 1 else None)
     procs = dist_cfg.nproc_per_node
     penv = {**os.environ, "PYTHONUNBUFFERED": "1", ERROR_DIR_ENV: str(err_dir), **(env or {})}
     penv.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // procs)))
@@ -226,24 +262,38 @@ def launch(args: dict, dist_cfg, run_dir: Path, *, metrics_cb: Callable[[dict], 
     finally:
         stop.__exit__(None, None, None)
     shown.close(failed=rc != 0 or stalled)
-    if forwarded:
-        errors = _rank_errors(err_dir)
+    errors = _rank_errors(err_dir) if rc != 0 or forwarded else []
+    # multi-node: a signal another node received stops every rank at the same step (signals.should_stop);
+    # this node then reports the same interruption, not a failure
+    peer_stop = rc != 0 and errors and all(t.startswith("Interrupted: ") for _, _, t in errors)
+    if forwarded or peer_stop:
         raise signals.Interrupted((errors[0][2].strip().splitlines()[0].removeprefix("Interrupted: ") if errors else
                                    f"pretrain: stopped by {signal.Signals(forwarded).name}") +
-                                  f" (torchrun exit code {rc})", forwarded)
+                                  f" (torchrun exit code {rc})", forwarded or signal.SIGTERM)
     if stalled:
         raise DistributedTrainingError(f"distributed training made no progress for {stall:.0f} s "
                                        f"(distributed.timeout_s): all ranks were stopped. Last output:\n"
                                        + "\n".join(list(tail)[-15:]))
     if rc != 0:
-        errors = _rank_errors(err_dir)
         if errors:
             _, rank, text = errors[0]
             raise DistributedTrainingError(f"distributed training failed on rank {rank} (torchrun exit code {rc}):\n"
                                            + "\n".join(text.strip().splitlines()[-25:]))
         raise DistributedTrainingError(f"torchrun exited with code {rc}; last output:\n" + "\n".join(list(tail)[-25:]))
-    return json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
+    return _wait_result(result_file, stall)
 
 
-__all__ = ["DistributedTrainingError", "launch", "setup", "teardown", "wrap_model", "all_reduce_sum",
+def _wait_result(path: Path, timeout_s: float) -> dict:
+    """Rank 0's result. It may run on another node, whose torchrun ends after ours: wait for its file in the
+    shared folder (rank 0 writes it right after training, before leaving the process group)."""
+    deadline = time.monotonic() + timeout_s
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise DistributedTrainingError(f"training ended on this node but rank 0 wrote no {path} within "
+                                           f"{timeout_s:.0f} s: is {path.parent} on a filesystem every node shares?")
+        time.sleep(0.2)
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+__all__ = ["DistributedTrainingError", "launch", "rendezvous_id", "setup", "teardown", "wrap_model", "all_reduce_sum",
            "env_ranks", "torchrun_command", "METRICS_PREFIX", "HEARTBEAT_PREFIX"]
