@@ -10,9 +10,10 @@ to a temporary folder and read through ``ShardDataset`` / ``LanguageSampler`` as
 Measured (median seconds per step over --steps timed steps after --warmup):
   (a) ours   MLMEncoder forward (MLM head on the masked positions only) + backward + AdamW step, eager
   (a') ours compiled: the same through ``mlm_core.train.compiled`` (pretrain.compile: the fixed masked-position
-             budget graph, torch.compile fullgraph, static shapes), the AdamW step eager as in the loop
+             budget graph, torch.compile fullgraph, static shapes) and the fused AdamW kernel, as the loop runs it
   (b) hf     BertForMaskedLM(attn_implementation="sdpa") at the same shape and vocab (head on every position)
-  (b') hf compiled: ``torch.compile(model)`` of the same (loss inside the graph)
+  (b') hf compiled: ``torch.compile(model)`` of the same (loss inside the graph), fused AdamW as (a')
+  AdamW: foreach in the eager rows (the loop's CPU optimizer), fused in the compiled ones (``opt_kw``)
   (c) loop   ``mlm_core.train.loop.train`` end to end: tokens/s, % of step time drawing rows (data wait) and masking
   (d) peak   a large torch.mm in fp32 (bf16 on --dtype bf16): FLOP/s this process can reach; achieved = model
              FLOPs/token (``MLMEncoder.flops_per_token``) x tokens/s
@@ -117,13 +118,19 @@ def time_steps(step, device, warmup: int, steps: int, first: list | None = None)
     return statistics.median(times)
 
 
+def opt_kw(device, compiled: bool) -> dict:
+    """The loop's AdamW (``optim.build_optimizer``): fused on CUDA and for the compiled step, foreach otherwise;
+    HF gets the same one at the same temperature (the optimizer is not what is compared)."""
+    return {"fused": True} if device.type == "cuda" or compiled else {"foreach": True}
+
+
 def bench_ours(arch, data, device, dtype, warmup, steps, compiled=False, first=None) -> float:
     from mlm_core.config import MaskingConfig
     from mlm_core.model import MLMEncoder
     from mlm_core.train.compiled import CompiledForward
     ids, seg, labels, _ = data
     model = MLMEncoder(arch).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if device.type == "cuda" else {}))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **opt_kw(device, compiled))
     ac = torch.autocast("cuda", dtype=torch.bfloat16) if dtype == torch.bfloat16 else None
     n_sel = int((labels != -100).sum())
     fwd = CompiledForward("mlm", MaskingConfig(), *ids.shape, device) if compiled else None
@@ -146,7 +153,7 @@ def bench_hf(arch, data, device, dtype, warmup, steps, compiled=False, first=Non
     model = BertForMaskedLM(config).to(device)
     assert model.config._attn_implementation == "sdpa", model.config._attn_implementation
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if device.type == "cuda" else {}))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **opt_kw(device, compiled))
     ac = torch.autocast("cuda", dtype=torch.bfloat16) if dtype == torch.bfloat16 else None
     attn = attn.long()
     fwd = torch.compile(model) if compiled else model

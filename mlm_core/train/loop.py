@@ -211,7 +211,7 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     compiled, why = objective.setup_compile(device, world_size, T)     # pretrain.compile (train.compiled)
     if rank == 0:
         log.info("pretrain: compiled training step %s (%s)", "on" if compiled else "off", why)
-    opt, sched = build_optimizer(model, cfg)
+    opt, sched = build_optimizer(model, cfg, fused_cpu=compiled)
     from mlm_core.shards import LanguageSampler
     sampler = LanguageSampler(data.rows_per_lang("train"), data.sampling_probs(), seed, rank, world_size)
     masker = Masker(objective.masking(cfg.masking), vocab, sorted(specials.values()), specials["mask"], seed, cfg.steps,

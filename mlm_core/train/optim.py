@@ -51,11 +51,13 @@ class _Schedule:
         return lr_lambda(step, warmup=self.warmup, total=self.total, decay=self.decay)
 
 
-def build_optimizer(model: nn.Module, cfg: PretrainConfig, fused_ok: bool = True
+def build_optimizer(model: nn.Module, cfg: PretrainConfig, fused_ok: bool = True, fused_cpu: bool = False
                     ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """``fused_cpu``: the fused AdamW kernel on CPU too (~4x faster than foreach there, same update to float
+    rounding); the compiled step (pretrain.compile) asks for it, the eager one keeps foreach's exact bytes."""
     groups = param_groups(model, cfg.weight_decay)
     on_cuda = any(p.is_cuda for g in groups for p in g["params"])
-    kw = {"fused": True} if (on_cuda and fused_ok) else {"foreach": True}
+    kw = {"fused": True} if ((on_cuda or fused_cpu) and fused_ok) else {"foreach": True}
     opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-6, **kw)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _Schedule(cfg.warmup_steps, cfg.steps, cfg.decay))
     return opt, sched
