@@ -17,7 +17,7 @@ from pydantic import Field
 from mlm_core import stages
 from mlm_core.commands import run_command
 from mlm_core.configio import load_config
-from tasks import summary
+from tasks import summary, sweep_link
 from tasks.stage import run_stage
 from tasks.tracking import Tracker, check_tracking_server, pipeline_run_name, resolve_tracking_uri
 
@@ -40,10 +40,12 @@ def run_pipeline(config_path: str, overrides: list[str] | None = None, only: str
     forced = set(chosen) if force or from_stage else set()
     tracker = Tracker(lc.config.tracking, lc.workdir)
     what = f"only {only}" if only else f"from {from_stage}" if from_stage else "all stages"
-    parent = tracker.start_pipeline(pipeline_run_name(lc.config.name, only, from_stage),  # "demo · all · 12-01 16:40"
-                                    params={"config_path": config_path, "overrides": overrides,
+    link = sweep_link.current()     # started by `mlm sweep`: nest under the sweep's run, tagged variant and seed
+    parent = tracker.start_pipeline(link.get("run_name") or pipeline_run_name(lc.config.name, only, from_stage),
+                                    params={"config_path": config_path, "overrides": overrides,  # "demo · all · 12-01 16:40"
                                             "selection": what, "force": force},
-                                    tags={"stages": ",".join(chosen)})
+                                    tags={"stages": ",".join(chosen), **(link.get("tags") or {})},
+                                    parent=link.get("parent_run_id"))
     results = []
     # the parent flow run's summary artifact: the `mlm run` command this run equals, its stages, the model version
     summarize = functools.partial(summary.publish, f"{lc.config.name} ({what})", chosen, results,

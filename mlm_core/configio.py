@@ -80,8 +80,8 @@ class _Container(str):
         return obj
 
 
-def _walk_fields(loc: tuple) -> list[str]:
-    model: Any = PipelineConfig
+def _walk_fields(loc: tuple, root: Any = PipelineConfig) -> list[str]:
+    model: Any = root
     pending_container = False
     for part in loc:
         if pending_container:
@@ -102,13 +102,15 @@ def _walk_fields(loc: tuple) -> list[str]:
         model, BaseModel) else []
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
+def format_validation_error(err: ValidationError, source: str, root: Any = PipelineConfig,
+                            what: str = "config") -> str:
+    """One line per problem, naming the key path; ``root``: the model validated (the sweep file reuses this)."""
     lines = []
     for e in err.errors():
         loc = tuple(e["loc"])
         path = ".".join(str(p) for p in loc) or "<root>"
         if e["type"] == "extra_forbidden":
-            valid = _walk_fields(loc[:-1])
+            valid = _walk_fields(loc[:-1], root)
             close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
             hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(valid)}"
             lines.append(f"{path}: unknown key ({hint})")
@@ -117,7 +119,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
             got = e.get("input")
             shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
             lines.append(f"{path}: {msg}{shown}")
-    return f"{source}: invalid config\n  " + "\n  ".join(lines)
+    return f"{source}: invalid {what}\n  " + "\n  ".join(lines)
 
 
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = (),

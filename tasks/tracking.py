@@ -287,15 +287,17 @@ class Tracker:
         return run.info.run_id
 
     # -- pipeline (parent) run
-    def start_pipeline(self, run_name: str, params: dict, tags: dict | None = None) -> str | None:
-        """Start the parent run; stages logged afterwards nest under it. Returns its run id."""
+    def start_pipeline(self, run_name: str, params: dict, tags: dict | None = None,
+                       parent: str | None = None) -> str | None:
+        """Start the parent run; stages logged afterwards nest under it. Returns its run id.
+        ``parent``: a run this one nests under (a sweep's run, ``tasks.sweep``)."""
         if not self.enabled:
             return None
         if self._parent is not None:
             log.warning("start_pipeline: a parent run (%s) is already set; starting a new one", self._parent)
 
         def start() -> str:
-            run_id = self._create_run(run_name, _tag_values(tags), parent=None)
+            run_id = self._create_run(run_name, _tag_values(tags), parent=parent)
             self._log_batch(run_id, params=flatten_params(params))
             return run_id
 

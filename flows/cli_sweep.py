@@ -1,0 +1,47 @@
+"""``mlm sweep SWEEP.yaml [--dry-run] [--concurrency N]``: every variant x seed of a sweep through the pipeline.
+
+Stdlib only at import (``mlm --help`` stays instant). The command calls ``flows.sweep.sweep_flow``, the
+``mlm-sweep`` Prefect flow (which calls ``run_sweep``), the way ``mlm run`` calls the pipeline flow; ``--dry-run``
+only plans (``run_sweep(dry_run=True)``, no Prefect, nothing written).
+"""
+from __future__ import annotations
+
+import sys
+
+
+def cmd_sweep(args) -> int:
+    from mlm_core.sweep import load_sweep
+    sweep = load_sweep(args.sweep, args.concurrency)        # a bad sweep file fails here, before Prefect starts
+    if args.dry_run:
+        from flows.sweep import run_sweep
+        run_sweep(args.sweep, dry_run=True, concurrency=args.concurrency)
+        return 0
+    from flows import ephemeral, guard
+    from flows.cli import _adopt_servers, prepare_env
+    workdir = sweep.base.workdir
+    guard.check_workdir(workdir)
+    _adopt_servers(sweep.base)        # `mlm serve` running for this workdir: log to its MLflow and Prefect
+    prepare_env(workdir)
+    from mlm_core.train import signals
+    previous = signals.install()      # SIGTERM/SIGINT: training checkpoints, the sweep stops; a rerun resumes
+    try:
+        guard.quiet_expected_tracebacks()
+        ephemeral.start(workdir)
+        from flows.sweep import sweep_flow
+        doc = sweep_flow(sweep_path=args.sweep, dry_run=False, concurrency=args.concurrency)
+    finally:
+        signals.restore(previous)
+    runs = doc["variants"]
+    print(f"\nsweep {doc['name']}: {sum(r['status'] == 'done' for r in runs)}/{len(runs)} run(s) done; "
+          f"plan: {sweep.state_dir / 'plan.json'}", file=sys.stdout)
+    return 0
+
+
+def add_parser(sub) -> None:
+    sp = sub.add_parser("sweep", help="run every variant x seed of a sweep file through the pipeline, sharing "
+                        "stored stages (resumable)")
+    sp.add_argument("sweep", help="sweep YAML (base: the pipeline config; variants and/or grid; seeds; ...)")
+    sp.add_argument("--dry-run", action="store_true", help="only show which stage outputs are shared, stored and "
+                    "to run")
+    sp.add_argument("--concurrency", type=int, metavar="N", help="runs at once (default: the sweep file's)")
+    sp.set_defaults(func=cmd_sweep)

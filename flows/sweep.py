@@ -1,0 +1,153 @@
+"""The ``mlm-sweep`` Prefect flow and ``run_sweep``, the one function ``mlm sweep SWEEP.yaml`` and the flow call.
+
+1. Load and validate the sweep (``mlm_core.sweep``: every run's config checked before any work).
+2. Plan every run (``mlm_core.sweep_plan``) and print the table of shared / stored / to-run stage outputs;
+   ``dry_run`` stops here (nothing is written).
+3. Open the sweep's MLflow run, write ``<workdir>/sweeps/<name>/plan.json``, and run every run that is not
+   complete through the pipeline: with concurrency 1 the ``mlm-pipeline`` flow in this process (a subflow of
+   ``mlm-sweep``: exactly what ``mlm run BASE --set ...`` calls); with concurrency N, N ``mlm run`` processes at
+   a time (``tasks.sweep.run_child`` says why processes). Outputs shared by several runs are computed once: the
+   store's per-output lock (``mlm_core.locks``) makes a second run wait for the first and reuse its output.
+4. Resumable: a run whose every stage output is stored is skipped; a rerun finishes what is missing (stages
+   reuse complete outputs, training resumes from its checkpoints). A failed run does not stop the others; the
+   sweep then fails naming each failed run and its log.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Annotated, Callable, Optional
+
+from prefect import flow
+from pydantic import Field
+
+from mlm_core.errors import MlmError
+from mlm_core.sweep import load_sweep
+from mlm_core.sweep_plan import plan_document, plan_sweep, table_lines, write_plan
+
+log = logging.getLogger(__name__)
+
+SweepPath = Annotated[str, Field(description="Sweep YAML file (relative to the working directory); its `base` "
+                                             "names the pipeline config.")]
+DryRun = Annotated[bool, Field(description="Only plan: show which stage outputs are shared, stored and to run.")]
+Concurrency = Annotated[Optional[int], Field(default=None, ge=1, description="Runs at once (empty: the sweep "
+                                                                                "file's `concurrency`).")]
+
+
+class SweepFailed(MlmError):
+    """Some runs of the sweep failed; the others finished. The message names each, with its log."""
+
+
+def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = None,
+              echo: Callable[[str], None] = print, after_run: Callable | None = None) -> dict:
+    """Plan, show, then run the sweep (module docstring). Returns the plan document (plan.json's content).
+
+    ``after_run(run, status)`` is called after each run finishes (tests stop a sweep midway with it)."""
+    sweep = load_sweep(sweep_path, concurrency)
+    sp = plan_sweep(sweep)
+    lines = table_lines(sp)
+    for line in lines:
+        echo(line)
+    from tasks.sweep import publish_plan
+    publish_plan(lines, sweep.config.name)
+    if dry_run:
+        return plan_document(sp)
+    from tasks.sweep import SweepTracker
+    cfg = sweep.config
+    tracker = SweepTracker(sweep, params={"sweep_file": sweep_path, "base": str(sweep.base_path), "runs": len(sp.runs),
+                                          "variants": ",".join(sweep.variant_names), "seeds": cfg.seeds,
+                                          "baseline": cfg.baseline, "match": cfg.match, "metrics": cfg.metrics,
+                                          "concurrency": cfg.concurrency})
+    status = {rp.run.key: "done" if rp.done else "pending" for rp in sp.runs}
+    logs: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def save() -> dict:
+        with lock:
+            doc = plan_document(sp, dict(status), tracker.run_id)
+            write_plan(sweep, doc)
+            return doc
+
+    def one(rp) -> None:
+        run = rp.run
+        with lock:
+            status[run.key] = "running"
+        save()
+        link = tracker.link(sweep, run)
+        ok = False
+        try:
+            if cfg.concurrency == 1:
+                ok = _run_here(sweep, run, link)
+            else:
+                from tasks.sweep import run_child, tail
+                code, out = run_child(sweep, run, link, api_url)
+                ok = code == 0
+                if not ok:
+                    logs[run.key] = f"exit {code}: {tail(out)} (log: {out})"
+        except Exception as exc:  # noqa: BLE001 - one failed run does not stop the sweep
+            from mlm_core.train.signals import Interrupted
+            if isinstance(exc, Interrupted):     # SIGTERM/SIGINT: training checkpointed; stop the sweep
+                raise
+            logs[run.key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        finally:
+            with lock:
+                status[run.key] = "done" if ok else "failed"
+            save()
+        echo(f"{run.variant} seed {run.seed}: {'done' if ok else 'FAILED ' + logs.get(run.key, '')}")
+        if after_run is not None:
+            after_run(run, status[run.key])
+
+    pending = sp.pending()
+    doc = save()
+    echo(f"\n{len(sp.runs) - len(pending)} run(s) stored, {len(pending)} to run"
+         + (f", {cfg.concurrency} at a time" if cfg.concurrency > 1 and pending else ""))
+    api_url = None
+    if cfg.concurrency > 1 and pending:
+        from tasks.sweep import prefect_api_url
+        api_url = prefect_api_url()
+    try:
+        if cfg.concurrency == 1:
+            for rp in pending:
+                one(rp)
+        else:
+            with ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="sweep") as pool:
+                for f in [pool.submit(one, rp) for rp in pending]:
+                    f.result()
+    except BaseException:
+        tracker.finish(save(), "FAILED")
+        raise
+    doc = save()
+    failed = [k for k, s in status.items() if s == "failed"]
+    tracker.finish(doc, "FAILED" if failed else "FINISHED")
+    if failed:
+        raise SweepFailed(f"sweep {cfg.name}: {len(failed)} of {len(sp.runs)} run(s) failed (the others are stored; "
+                          f"rerun `mlm sweep {sweep_path}` to retry them):\n  "
+                          + "\n  ".join(f"{k}: {logs.get(k, '')}" for k in failed))
+    return doc
+
+
+def _run_here(sweep, run, link: dict) -> bool:
+    """One run in this process: the ``mlm-pipeline`` flow, as ``mlm run BASE --set ...`` calls it."""
+    from flows.pipeline import pipeline
+    from tasks import sweep_link
+    with sweep_link.linked(link):
+        pipeline(config_path=str(sweep.base_path), overrides=list(run.overrides))
+    return True
+
+
+@flow(name="mlm-sweep", description="Run every variant x seed of a sweep through the pipeline, sharing stored "
+                                    "stages; resumable.")
+def sweep_flow(sweep_path: SweepPath = "configs/sweeps/demo.yaml", dry_run: DryRun = False,
+               concurrency: Concurrency = None) -> dict:
+    """Plan a sweep, show which stages are shared, then run what is missing.
+
+    Args:
+        sweep_path: Sweep YAML file, relative to the project root (the worker's working directory).
+        dry_run: Only plan and show the table (nothing runs, nothing is written).
+        concurrency: Runs at once; empty: the sweep file's `concurrency`.
+    """
+    return run_sweep(sweep_path, dry_run=dry_run, concurrency=concurrency)
+
+
+__all__ = ["run_sweep", "sweep_flow", "SweepFailed"]

@@ -1,0 +1,251 @@
+"""Sweep definitions: a YAML next to a base pipeline config -> the list of runs (variant x seed), each a config.
+
+In: a sweep file such as::
+
+    name: mask-rate
+    base: ../demo.yaml                      # the pipeline config every run starts from (relative to this file)
+    variants:                               # named variants, each a set of `--set` overrides ...
+      - {name: p15, set: {pretrain.masking.rate: 0.15}}
+      - {name: p40, set: {pretrain.masking.rate: 0.40}}
+    grid: {pretrain.lr: [1.0e-3, 2.0e-3]}   # ... and/or a grid (the cross product of its values)
+    seeds: [0, 1, 2]
+    metrics: [top1, upos]
+    baseline: p15
+    match: none                             # none | flops | tokens (pretrain.steps matched to the baseline's)
+    concurrency: 1
+
+Out: ``Sweep`` (the validated definition, its base config, and one ``SweepRun`` per variant and seed, whose
+``overrides`` are exactly the ``--set`` words ``mlm run BASE`` takes). With a grid and variants, every variant
+is crossed with every grid point (name ``variant,key=value``); a grid alone names its points ``key=value,...``.
+
+Validation is the main config's: pydantic, frozen, unknown keys are errors naming their path (with the closest
+key); every variant's overrides are applied to the base config and validated before any work, and an error names
+the sweep file, the variant and the key. A variant may not override ``workdir``, ``tracking`` or ``seed``: the
+runs of one sweep share one store and one MLflow experiment, and ``seeds`` owns the seed.
+Budget matching (``match``): ``mlm_core.budget.steps_for_budget`` against the baseline variant (else the first),
+added as a ``pretrain.steps`` override. Planning (fingerprints, the dry-run table, plan.json) is ``sweep_plan``.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from mlm_core.configio import ConfigError, LoadedConfig, format_validation_error, load_config
+from mlm_core.errors import MlmError
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
+# Keys a variant may not set (module docstring): the sweep shares them across its runs.
+SHARED_KEYS = ("workdir", "tracking", "seed")
+
+
+class SweepError(MlmError, ValueError):
+    """A sweep file that cannot be used; the message names the file, the variant and the key."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Variant(_Model):
+    """One named variant: config overrides applied to the base config (the same as ``--set KEY.PATH=VALUE``)."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="Variant name (letters, digits, _ . + -), unique in the sweep.")
+    set: dict[str, Any] = Field(default_factory=dict, description="Overrides {key.path: value}, e.g. "
+                                "{pretrain.masking.rate: 0.4}; validated against the base config.")
+
+
+class SweepConfig(_Model):
+    """A sweep: variants (named and/or a grid) x seeds, each run through the pipeline from a base config."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="Sweep name: its state lives in <workdir>/sweeps/<name>/.")
+    base: str = Field(description="The base pipeline config (relative to the sweep file).")
+    variants: list[Variant] = Field(default_factory=list, description="Named variants (each a set of overrides).")
+    grid: dict[str, list[Any]] = Field(default_factory=dict, description="{key.path: [values]}: every combination "
+                                       "is a variant (crossed with each named variant when both are given).")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1,
+                             description="Seeds: every variant runs once per seed (the config's `seed`).")
+    metrics: list[str] = Field(default_factory=list, description="Metrics the report compares across variants.")
+    baseline: str | None = Field(default=None, description="The variant the report's paired differences are "
+                                 "taken against (and, with match, whose budget every variant gets).")
+    match: Literal["none", "flops", "tokens"] = Field(
+        default="none", description="none: steps as configured; flops / tokens: pretrain.steps set so every "
+        "variant spends the baseline's training FLOPs (ELECTRA's generator counted) / input tokens.")
+    concurrency: int = Field(default=1, ge=1, description="Runs at once (1: one after another, in this process; "
+                             "more: each run in its own `mlm run` process).")
+    description: str = Field(default="", description="Free text: what the sweep measures (shown in the report).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SweepConfig":
+        if not self.variants and not self.grid:
+            raise ValueError("give `variants` and/or `grid` (nothing to compare)")
+        names = [v.name for v in self.variants]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"variant names must be unique: {', '.join(dup)} repeated")
+        for key, values in self.grid.items():
+            if not values:
+                raise ValueError(f"grid.{key}: give at least one value")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct (got {self.seeds})")
+        return self
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One run of the sweep: a variant at a seed, as ``mlm run BASE --set ...`` overrides."""
+
+    variant: str
+    seed: int
+    overrides: tuple[str, ...]          # KEY.PATH=VALUE words, seed (and matched steps) included
+    settings: dict = field(default_factory=dict, compare=False)   # the variant's {key.path: value}
+
+    @property
+    def key(self) -> str:
+        return f"{self.variant}@seed{self.seed}"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    config: SweepConfig
+    path: Path
+    base_path: Path
+    base: LoadedConfig
+    runs: tuple[SweepRun, ...]
+    steps: dict = field(default_factory=dict)   # variant -> matched pretrain.steps (match != none)
+
+    @property
+    def variant_names(self) -> list[str]:
+        return list(dict.fromkeys(r.variant for r in self.runs))
+
+    @property
+    def state_dir(self) -> Path:
+        return self.base.workdir / "sweeps" / self.config.name
+
+    def load_run(self, run: SweepRun) -> LoadedConfig:
+        return load_config(self.base_path, list(run.overrides))
+
+
+def override_word(key: str, value: Any) -> str:
+    """``key=value`` as ``--set`` takes it: the value in JSON (valid YAML, so it reads back as the same value)."""
+    return f"{key}={json.dumps(value, ensure_ascii=False)}"
+
+
+def _label(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def expand(cfg: SweepConfig) -> list[tuple[str, dict]]:
+    """``[(variant name, {key.path: value})]`` in declaration order: named variants x grid points."""
+    keys = list(cfg.grid)
+    points = [dict(zip(keys, combo)) for combo in itertools.product(*(cfg.grid[k] for k in keys))] if keys else []
+    named = [(v.name, dict(v.set)) for v in cfg.variants]
+    if not points:
+        return named
+    grid = [(",".join(f"{k}={_label(v)}" for k, v in p.items()), p) for p in points]
+    if not named:
+        return grid
+    return [(f"{n},{g}", {**s, **p}) for n, s in named for g, p in grid]
+
+
+def read_sweep_config(path: str | Path) -> SweepConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise SweepError(f"{p}: sweep file not found")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise SweepError(f"{p}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise SweepError(f"{p}: the top level must be a mapping, got {type(raw).__name__}")
+    if isinstance(raw.get("sweep"), dict) and "base" not in raw:     # a `sweep:` section is accepted too
+        raw = raw["sweep"]
+    try:
+        return SweepConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise SweepError(format_validation_error(exc, str(p), root=SweepConfig, what="sweep")) from None
+
+
+def _variant_error(path: Path, name: str, keys: list[str], exc: Exception) -> SweepError:
+    msg = str(exc).replace("\n", "\n  ")
+    return SweepError(f"{path}: variant {name!r} (sets {', '.join(keys) or 'nothing'}): {msg}")
+
+
+def load_sweep(path: str | Path, concurrency: int | None = None) -> Sweep:
+    """Read and validate a sweep file; every run's config is validated here, before any work."""
+    path = Path(path)
+    cfg = read_sweep_config(path)
+    if concurrency is not None:
+        if concurrency < 1:
+            raise SweepError(f"--concurrency {concurrency}: give at least 1")
+        cfg = cfg.model_copy(update={"concurrency": concurrency})
+    base_path = (path.resolve().parent / cfg.base).resolve()
+    if not base_path.is_file():
+        raise SweepError(f"{path}: base: {cfg.base}: config file not found ({base_path})")
+    try:
+        base = load_config(base_path)
+    except ConfigError as exc:
+        raise SweepError(f"{path}: base: {exc}") from None
+    variants = expand(cfg)
+    names = [n for n, _ in variants]
+    if cfg.baseline is not None and cfg.baseline not in names:
+        raise SweepError(f"{path}: baseline: {cfg.baseline!r} is not a variant of this sweep "
+                         f"(variants: {', '.join(names)})")
+    loaded: dict[str, LoadedConfig] = {}
+    for name, settings in variants:
+        shared = [k for k in settings if k.split(".")[0] in SHARED_KEYS]
+        if shared:
+            raise SweepError(f"{path}: variant {name!r}: {', '.join(shared)}: a variant may not set "
+                             f"{'/'.join(SHARED_KEYS)} (the sweep's runs share one workdir and one MLflow "
+                             "experiment; `seeds` sets the seed)")
+        words = [override_word(k, v) for k, v in settings.items()]
+        try:
+            loaded[name] = load_config(base_path, words + [f"seed={cfg.seeds[0]}"])
+        except ConfigError as exc:
+            raise _variant_error(path, name, list(settings), exc) from None
+    steps = _matched_steps(cfg, path, variants, loaded)
+    runs = []
+    for name, settings in variants:
+        words = [override_word(k, v) for k, v in settings.items()]
+        if name in steps:
+            words.append(f"pretrain.steps={steps[name]}")
+        runs.extend(SweepRun(name, seed, tuple(words + [f"seed={seed}"]), dict(settings)) for seed in cfg.seeds)
+    return Sweep(cfg, path, base_path, base, tuple(runs), steps)
+
+
+def _matched_steps(cfg: SweepConfig, path: Path, variants: list, loaded: dict) -> dict[str, int]:
+    if cfg.match == "none":
+        return {}
+    from mlm_core.budget import steps_for_budget
+    ref_name = cfg.baseline or variants[0][0]
+    out = {}
+    for name, settings in variants:
+        if "pretrain.steps" in settings and name != ref_name:
+            raise SweepError(f"{path}: variant {name!r}: pretrain.steps: match: {cfg.match} sets the steps "
+                             f"(from the baseline {ref_name!r}); remove the override or use match: none")
+        try:
+            out[name] = steps_for_budget(loaded[name], loaded[ref_name], cfg.match)
+        except MlmError as exc:
+            raise _variant_error(path, name, list(settings), exc) from None
+    return out
+
+
+def sweep_json_schema() -> dict:
+    """The JSON Schema of sweep files (what ``schemas/sweep.schema.json`` holds; a test keeps it in sync)."""
+    schema = SweepConfig.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "mlm-pipeline sweep"
+    return schema
+
+
+def sweep_schema_text() -> str:
+    return json.dumps(sweep_json_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+__all__ = ["SweepConfig", "Variant", "Sweep", "SweepRun", "SweepError", "load_sweep", "read_sweep_config",
+           "expand", "override_word", "sweep_json_schema", "sweep_schema_text"]

@@ -1,0 +1,138 @@
+"""What a sweep needs besides the pipeline itself: its MLflow parent run, a run in a child process, its artifact.
+
+In: a planned sweep (``mlm_core.sweep_plan``). Out:
+- ``SweepTracker``: one MLflow run for the sweep (tagged ``mlm.kind=sweep``, ``sweep=<name>``, its plan.json
+  logged); each variant's pipeline run nests under it through ``tasks.sweep_link`` (``run_pipeline`` reads the
+  link), tagged ``sweep``, ``variant`` and ``seed``.
+- ``run_child``: one run as ``python -m flows.cli run BASE --set ...`` (exactly ``mlm run``), for concurrency > 1.
+  Why a process per run and not a thread: training draws dropout from torch's global generator
+  (``torch.manual_seed`` in the loop), so two runs training in one process would interleave their draws and no
+  seed would be reproducible. The child gets the sweep's Prefect API (so its flow run shows in the same UI), its
+  log goes to ``<workdir>/sweeps/<name>/logs/``, and it is sent SIGTERM when the sweep process dies (even by
+  kill -9: ``PR_SET_PDEATHSIG``), so training checkpoints and a rerun of the sweep resumes it.
+- ``publish_plan``: the dry-run table as a Prefect markdown artifact (inside a flow run).
+mlflow and prefect are imported inside functions.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tasks import sweep_link
+
+log = logging.getLogger(__name__)
+PR_SET_PDEATHSIG = 1
+
+
+class SweepTracker:
+    """The sweep's MLflow run (a no-op when the base config disables tracking)."""
+
+    def __init__(self, sweep, params: dict):
+        from tasks.tracking import Tracker, check_tracking_server, resolve_tracking_uri
+        cfg = sweep.base.config
+        if cfg.tracking.enabled:
+            check_tracking_server(resolve_tracking_uri(cfg.tracking, sweep.base.workdir))   # before any work
+        self.tracker = Tracker(cfg.tracking, sweep.base.workdir)
+        stamp = time.strftime("%m-%d %H:%M")
+        self.run_id = self.tracker.start_pipeline(f"sweep {sweep.config.name} · {stamp}", params=params,
+                                                  tags={"mlm.kind": "sweep", "sweep": sweep.config.name})
+
+    def link(self, sweep, run) -> dict:
+        """What the run's pipeline reads (``tasks.sweep_link``): nest under the sweep's run, with these tags."""
+        return {"parent_run_id": self.run_id, "run_name": f"{sweep.config.name} · {run.variant} · seed {run.seed}",
+                "tags": {"sweep": sweep.config.name, "variant": run.variant, "seed": str(run.seed)}}
+
+    def finish(self, plan_doc: dict, status: str) -> None:
+        import json
+        if self.run_id is not None:
+            self.tracker.log_text(self.run_id, json.dumps(plan_doc, indent=2, default=str), "sweep/plan.json")
+        self.tracker.end_pipeline(status)
+
+
+def _die_with_parent() -> None:   # runs in the child between fork and exec
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):   # not Linux: the child may outlive a killed sweep
+        pass
+
+
+def prefect_api_url() -> str | None:
+    """The Prefect API this process uses (a server, or the temporary one `mlm sweep` started), for the children."""
+    if os.environ.get("PREFECT_API_URL"):
+        return os.environ["PREFECT_API_URL"]
+    try:
+        from prefect.settings import PREFECT_API_URL
+        if PREFECT_API_URL.value():
+            return str(PREFECT_API_URL.value())
+        from prefect.server.api.server import SubprocessASGIServer
+        server = SubprocessASGIServer()
+        return server.api_url if server.running else None
+    except Exception:  # noqa: BLE001 - without it each child starts its own temporary server
+        return None
+
+
+def log_file(sweep, run) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.+=,-]", "_", run.variant)
+    return sweep.state_dir / "logs" / f"{safe}@seed{run.seed}.log"
+
+
+def child_command(sweep, run) -> list[str]:
+    cmd = [sys.executable, "-m", "flows.cli", "run", str(sweep.base_path)]
+    for word in run.overrides:
+        cmd += ["--set", word]
+    return cmd
+
+
+def run_child(sweep, run, link: dict, api_url: str | None) -> tuple[int, Path]:
+    """``mlm run BASE --set ...`` in a child process; returns (exit code, its log file)."""
+    out = log_file(sweep, run)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **sweep_link.env_for(link)}
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    with open(out, "w", encoding="utf-8") as f:
+        proc = subprocess.Popen(child_command(sweep, run), stdout=f, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        try:
+            return proc.wait(), out
+        except BaseException:          # the sweep is interrupted: stop the child (it checkpoints), then go
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+
+
+def tail(path: Path, n: int = 3) -> str:
+    try:
+        lines = [x for x in path.read_text(encoding="utf-8", errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    errors = [x for x in lines if x.startswith("error:")]
+    return " | ".join((errors or lines)[-n:])
+
+
+def publish_plan(lines: list[str], name: str) -> None:
+    """The dry-run table as a Prefect markdown artifact (a no-op outside a flow run)."""
+    if "prefect" not in sys.modules:     # a dry run from the CLI: no flow run, no Prefect import (~3 s)
+        return
+    try:
+        from prefect.artifacts import create_markdown_artifact
+        from prefect.context import FlowRunContext
+        if FlowRunContext.get() is None:
+            return
+        create_markdown_artifact(key=f"sweep-plan-{re.sub(r'[^a-z0-9-]', '-', name.lower())}",
+                                 markdown="```\n" + "\n".join(lines) + "\n```", description=f"sweep {name}: plan")
+    except Exception as exc:  # noqa: BLE001 - an artifact is a view; the sweep goes on
+        log.warning("sweep plan artifact not published: %s", exc)
+
+
+__all__ = ["SweepTracker", "run_child", "child_command", "prefect_api_url", "publish_plan", "log_file", "tail"]

@@ -1,0 +1,226 @@
+"""Sweeps (issue 12): definition and validation, planning, shared stages computed once, resume, MLflow nesting.
+
+Execution counts come from wrappers around the stage functions (``mlm_core.stages.STAGES[...].run`` and
+``mlm_core.partitions.run_partitioned``), and stored outputs from the store itself: never from the sweep's own
+messages or plan.json.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import write_en_ru_config
+from mlm_core import stages
+from mlm_core.configio import load_config
+from mlm_core.store import StageStore
+from mlm_core.sweep import SweepError, load_sweep, sweep_schema_text
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _base(tmp_path: Path, name: str = "sweeptest") -> Path:
+    """A tiny two-language pipeline whose every stage runs in a few seconds."""
+    return write_en_ru_config(
+        tmp_path, name, 40,
+        tokenizer={"vocab_size": 300, "heldout_docs": 5, "min_vocab_fraction": 0.1, "max_fertility": 20},
+        shards={"seq_len": 16, "workers": 1, "validation_fraction": 0.25},
+        pretrain={"model": {"size": "tiny", "max_positions": 16}, "steps": 3, "batch_size": 4, "warmup_steps": 1,
+                  "log_every": 1, "eval_every": 3, "checkpoint_every": 3},
+        evaluate={"max_sequences": 4, "pll_sentences": 2},
+        tracking={"experiment": name}, registry={"model_name": f"{name}-model"})
+
+
+def _sweep(tmp_path: Path, body: dict, base: Path | None = None) -> Path:
+    base = base or _base(tmp_path)
+    f = tmp_path / "sweep.yaml"
+    f.write_text(yaml.safe_dump({"name": "s", "base": base.name, **body}))
+    return f
+
+
+@pytest.fixture
+def counts(monkeypatch):
+    """How many times each stage really computed its output (wrappers around the stage functions)."""
+    seen: collections.Counter = collections.Counter()
+    for name, spec in list(stages.STAGES.items()):
+        if not spec.partitioned:
+            def run(*a, _f=spec.run, _n=name, **kw):
+                seen[_n] += 1
+                return _f(*a, **kw)
+            monkeypatch.setitem(stages.STAGES, name, dataclasses.replace(spec, run=run))
+    from mlm_core import partitions
+    real = partitions.run_partitioned
+
+    def partitioned(name, *a, **kw):
+        seen[name] += 1
+        return real(name, *a, **kw)
+    monkeypatch.setattr(partitions, "run_partitioned", partitioned)
+    return seen
+
+
+def _stored(workdir: Path) -> dict[str, int]:
+    store = StageStore(workdir)
+    return {name: len(store.complete_outputs(name)) for name in stages.STAGES}
+
+
+# ------------------------------------------------------------------------------------- definition
+def test_unknown_key_names_its_path(tmp_path):
+    f = _sweep(tmp_path, {"variants": [{"name": "a", "set": {}}], "seeds": [0], "concurency": 2})
+    with pytest.raises(SweepError, match=r"sweep\.yaml: invalid sweep\n  concurency: unknown key \(did you mean "
+                                         r"concurrency\?\)"):
+        load_sweep(f)
+    f = _sweep(tmp_path, {"variants": [{"name": "a", "sett": {}}]})
+    with pytest.raises(SweepError, match=r"variants\.0\.sett: unknown key \(did you mean set\?\)"):
+        load_sweep(f)
+    f = _sweep(tmp_path, {"variants": [{"name": "a"}], "match": "steps"})
+    with pytest.raises(SweepError, match=r"match: Input should be 'none', 'flops' or 'tokens'"):
+        load_sweep(f)
+
+
+def test_variant_override_errors_name_the_variant_and_key(tmp_path):
+    f = _sweep(tmp_path, {"variants": [{"name": "ok", "set": {"pretrain.lr": 1e-3}},
+                                       {"name": "typo", "set": {"pretrain.masking.rat": 0.4}}]})
+    with pytest.raises(SweepError) as e:
+        load_sweep(f)
+    msg = str(e.value)
+    assert "variant 'typo'" in msg and "pretrain.masking.rat: unknown key (did you mean rate?)" in msg, msg
+    assert "sweep.yaml" in msg
+    f = _sweep(tmp_path, {"grid": {"pretrain.masking.rate": [0.15, "lots"]}})
+    with pytest.raises(SweepError, match=r"(?s)variant 'pretrain\.masking\.rate=lots'.*pretrain\.masking\.rate: "
+                                         r"Input should be a valid number"):
+        load_sweep(f)
+    f = _sweep(tmp_path, {"variants": [{"name": "a", "set": {"seed": 3}}]})
+    with pytest.raises(SweepError, match=r"variant 'a': seed: a variant may not set"):
+        load_sweep(f)
+
+
+def test_baseline_must_be_a_variant(tmp_path):
+    f = _sweep(tmp_path, {"variants": [{"name": "a"}, {"name": "b", "set": {"pretrain.lr": 1e-3}}],
+                          "baseline": "c"})
+    with pytest.raises(SweepError, match=r"baseline: 'c' is not a variant of this sweep \(variants: a, b\)"):
+        load_sweep(f)
+    with pytest.raises(SweepError, match="variant names must be unique: a repeated"):
+        load_sweep(_sweep(tmp_path, {"variants": [{"name": "a"}, {"name": "a"}]}))
+
+
+def test_runs_are_variants_crossed_with_grid_and_seeds(tmp_path):
+    f = _sweep(tmp_path, {"variants": [{"name": "tok"}, {"name": "span", "set": {"pretrain.masking.strategy": "span"}}],
+                          "grid": {"pretrain.lr": [0.001, 0.002]}, "seeds": [0, 1], "baseline": "tok,pretrain.lr=0.001"})
+    sw = load_sweep(f)
+    assert [(r.variant, r.seed) for r in sw.runs][:3] == [("tok,pretrain.lr=0.001", 0), ("tok,pretrain.lr=0.001", 1),
+                                                          ("tok,pretrain.lr=0.002", 0)]
+    assert len(sw.runs) == 8
+    run = next(r for r in sw.runs if r.variant == "span,pretrain.lr=0.002" and r.seed == 1)
+    # the overrides are `mlm run --set` words: loading them gives the variant's config, checked field by field
+    cfg = load_config(sw.base_path, list(run.overrides)).config
+    assert (cfg.pretrain.masking.strategy, cfg.pretrain.lr, cfg.seed) == ("span", 0.002, 1)
+
+
+def test_schema_file_in_sync():
+    path = REPO / "schemas" / "sweep.schema.json"
+    assert path.read_text(encoding="utf-8") == sweep_schema_text(), (
+        "schemas/sweep.schema.json is stale: regenerate with .venv/bin/python -c \"from mlm_core.sweep import "
+        "sweep_schema_text as t; open('schemas/sweep.schema.json', 'w').write(t())\"")
+    assert set(json.loads(path.read_text())["properties"]) >= {"base", "grid", "variants", "seeds", "metrics",
+                                                               "baseline", "match", "concurrency", "name"}
+
+
+def test_shipped_sweeps_load():
+    files = sorted((REPO / "configs").rglob("sweeps/*.yaml"))
+    assert files
+    for f in files:
+        load_sweep(f)
+
+
+# ------------------------------------------------------------------------------------- planning
+def test_dry_run_table_shares_upstream_and_writes_nothing(tmp_path, capsys):
+    from flows.cli import main
+    f = _sweep(tmp_path, {"variants": [{"name": "a"}, {"name": "b", "set": {"pretrain.lr": 0.001}}], "seeds": [0, 1]})
+    assert main(["sweep", str(f), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "normalize  1 output shared by 4 runs (to run)" in out, out
+    # the global seed also draws the tokenizer's sample and held-out documents: one tokenizer per seed
+    assert "tokenizer  2 outputs for 4 runs (each shared by 2): 0 done, 2 to run" in out, out
+    assert "pretrain   4 outputs for 4 runs: 0 done, 4 to run" in out, out
+    assert not (tmp_path / "work").exists()              # a dry run writes nothing
+
+
+# ------------------------------------------------------------------------------------- running
+def _runs(workdir: Path, experiment: str):
+    import mlflow
+    mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
+    return mlflow.search_runs(experiment_names=[experiment], output_format="list")
+
+
+def test_caching_2x2_shares_upstream_and_nests_runs(tmp_path, prefect_harness, counts):
+    from flows.sweep import run_sweep
+    f = _sweep(tmp_path, {"variants": [{"name": "token"}, {"name": "p30", "set": {"pretrain.masking.rate": 0.3}}],
+                          "grid": {"pretrain.lr": [0.001, 0.002]}, "seeds": [0], "baseline": "token,pretrain.lr=0.001",
+                          "metrics": ["top1"]})
+    doc = run_sweep(str(f), echo=lambda line: None)
+    work = tmp_path / "work"
+    assert dict(counts) == {"normalize": 1, "tokenizer": 1, "shards": 1, "pretrain": 4, "evaluate": 4,
+                            "audit": 4, "register": 4}
+    assert _stored(work) == {"normalize": 1, "tokenizer": 1, "shards": 1, "pretrain": 4, "evaluate": 4,
+                             "audit": 4, "register": 4}
+    # plan.json: each run's fingerprints are those the pipeline computes for base + its overrides
+    sw = load_sweep(f)
+    stored = json.loads((work / "sweeps" / "s" / "plan.json").read_text())
+    assert stored == json.loads(json.dumps(doc, default=str))
+    for entry, run in zip(stored["variants"], sw.runs):
+        plans = stages.plan(load_config(sw.base_path, list(run.overrides)))
+        assert entry["config_fingerprints"] == {k: p.fingerprint for k, p in plans.items()}
+        assert all(p.status == "done" for p in plans.values()) and entry["status"] == "done"
+    assert stored["baseline"] == "token,pretrain.lr=0.001" and stored["metrics"] == ["top1"]
+
+    # MLflow: one sweep run; each run's pipeline run nested under it, tagged with its variant and seed
+    runs = _runs(work, "sweeptest")
+    sweep_run = [r for r in runs if r.data.tags.get("mlm.kind") == "sweep"]
+    assert len(sweep_run) == 1 and sweep_run[0].info.run_id == stored["mlflow_run_id"]
+    assert sweep_run[0].info.status == "FINISHED"
+    nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == stored["mlflow_run_id"]]
+    assert sorted((r.data.tags["variant"], r.data.tags["seed"]) for r in nested) == sorted(
+        (r.variant, str(r.seed)) for r in sw.runs)
+    stage_runs = [r for r in runs if r.data.tags.get("mlflow.parentRunId") in {n.info.run_id for n in nested}]
+    assert len(stage_runs) == 4 * len(stages.STAGES)
+
+    # a rerun computes nothing: every run is complete
+    run_sweep(str(f), echo=lambda line: None)
+    assert counts["pretrain"] == 4 and counts["normalize"] == 1
+
+
+def test_resume_after_stop_recomputes_no_finished_run(tmp_path, prefect_harness, counts):
+    from flows.sweep import run_sweep
+    f = _sweep(tmp_path, {"variants": [{"name": "a"}, {"name": "b", "set": {"pretrain.lr": 0.001}}], "seeds": [0]},
+               base=_base(tmp_path, "resumetest"))
+
+    class Stop(Exception):
+        pass
+
+    def stop(run, status):
+        raise Stop(run.key)
+    with pytest.raises(Stop, match="a@seed0"):
+        run_sweep(str(f), echo=lambda line: None, after_run=stop)
+    work = tmp_path / "work"
+    assert counts["pretrain"] == 1
+    plan = json.loads((work / "sweeps" / "s" / "plan.json").read_text())
+    assert [v["status"] for v in plan["variants"]] == ["done", "pending"]
+    store = StageStore(work)
+    first = {name: (store.out_dir(name, fp) / "manifest.json").stat().st_mtime_ns
+             for name, fp in plan["variants"][0]["config_fingerprints"].items()}
+
+    lines: list[str] = []
+    run_sweep(str(f), echo=lines.append)
+    assert "pretrain   2 outputs for 2 runs: 1 done, 1 to run" in lines
+    assert dict(counts) == {"normalize": 1, "tokenizer": 1, "shards": 1, "pretrain": 2, "evaluate": 2,
+                            "audit": 2, "register": 2}
+    assert {name: (store.out_dir(name, fp) / "manifest.json").stat().st_mtime_ns
+            for name, fp in plan["variants"][0]["config_fingerprints"].items()} == first
+    runs = _runs(work, "resumetest")
+    sweeps = [r for r in runs if r.data.tags.get("mlm.kind") == "sweep"]
+    assert sorted(r.info.status for r in sweeps) == ["FAILED", "FINISHED"]
