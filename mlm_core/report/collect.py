@@ -1,0 +1,207 @@
+"""Reading a sweep's stored outputs: one ``Run`` per (variant, seed) of ``<workdir>/sweeps/<name>/plan.json``.
+
+Each run's outputs are the normal stage outputs: the fingerprints recorded in plan.json
+(``config_fingerprints``), or, where plan.json has none, those ``stages.plan(load_config(base, overrides))``
+computes. A run whose pretrain or evaluate output is not complete is *missing* (listed in the report, never
+silently dropped); one whose audit is missing keeps its other metrics and is listed as partial.
+
+A run's metrics (one flat dict, the names the manifests use):
+  * evaluate's ``metrics`` (``<lang>.top1``, ``<lang>.pseudo_perplexity``, ``upos.<lang>.score``, ...), plus
+    ``<task>.source_score`` (the fine-tuned source language's own score) and ``<task>.mean.score`` (the mean over
+    the target languages);
+  * audit's ``metrics`` (``<lang>.crows_score``, ...);
+  * pretrain's ``metrics`` prefixed ``pretrain.`` (``pretrain.final_loss``, ``pretrain.<lang>.val_loss``...);
+  * language groups by training-data size (the shards stage's train tokens per language): ``small3.<m>`` = the
+    mean of ``<lang>.<m>`` over the 3 smallest languages, ``large2.<m>`` over the 2 largest (with >= 5 languages;
+    for m in top1, top1_over_baseline, pseudo_perplexity).
+And the validation curve: (training FLOPs, mean validation loss over languages) at each eval record of the
+pretrain stage's metrics.jsonl; FLOPs = tokens so far x the stored model's flops_per_token at the run's mean
+measured masking rate (the count the loop's MFU uses).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlm_core.errors import MlmError
+
+RUN_STAGES = ("pretrain", "evaluate", "audit")
+REQUIRED = ("pretrain", "evaluate")
+GROUP_METRICS = ("top1", "top1_over_baseline", "pseudo_perplexity")
+
+
+class ReportError(MlmError, ValueError):
+    """A sweep whose report cannot be built (no plan.json, unreadable plan)."""
+
+
+@dataclass
+class Run:
+    variant: str
+    seed: int
+    fingerprints: dict
+    missing_stages: list = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
+    curve: list = field(default_factory=list)          # [(flops, mean val loss)]
+    languages: dict = field(default_factory=dict)      # lang -> train tokens (shards)
+    sweep_status: str | None = None                    # what plan.json says
+
+    @property
+    def complete(self) -> bool:
+        return not any(s in self.missing_stages for s in REQUIRED)
+
+
+def read_plan(sweep_dir: Path) -> dict:
+    p = Path(sweep_dir) / "plan.json"
+    if not p.is_file():
+        raise ReportError(f"{p}: no sweep plan (run `mlm sweep SWEEP.yaml` first, or its --dry-run)")
+    try:
+        plan = json.loads(p.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ReportError(f"{p}: not valid JSON ({exc})") from None
+    if not isinstance(plan.get("variants"), list):
+        raise ReportError(f"{p}: no 'variants' list")
+    return plan
+
+
+def _fingerprints(entry: dict, plan: dict, workdir: Path) -> dict:
+    fps = dict(entry.get("config_fingerprints") or {})
+    if all(s in fps for s in RUN_STAGES + ("shards",)) or not plan.get("base"):
+        return fps
+    from mlm_core import stages
+    from mlm_core.configio import load_config
+    from mlm_core.store import StageStore
+    lc = load_config(plan["base"], list(entry.get("overrides") or []))
+    return {k: p.fingerprint for k, p in stages.plan(lc, StageStore(workdir)).items()} | fps
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    out = []
+    if path.is_file():
+        for ln in path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(ln))
+            except ValueError:      # a line cut short by a killed run
+                continue
+    return out
+
+
+def model_flops_per_token(arch: dict, seq_len: int, rate: float) -> float | None:
+    """flops_per_token of the stored architecture (``manifest['arch']``), built on the meta device."""
+    import torch
+
+    from mlm_core.model.sizes import Arch
+    try:
+        with torch.device("meta"):
+            if "discriminator" in arch:
+                from mlm_core.model.electra import ElectraModel
+                model = ElectraModel(Arch.from_dict(arch["discriminator"]), Arch.from_dict(arch["generator"]))
+            else:
+                from mlm_core.model.encoder import MLMEncoder
+                model = MLMEncoder(Arch.from_dict(arch))
+        return float(model.flops_per_token(seq_len, rate))
+    except Exception:   # noqa: BLE001 - an arch this code cannot rebuild: the curve is plotted against tokens
+        return None
+
+
+def _curve(pre_dir: Path, manifest: dict) -> list[tuple[float, float]]:
+    recs = _read_jsonl(pre_dir / "metrics.jsonl")
+    steps, tokens = int(manifest.get("steps") or 0), int(manifest.get("tokens") or 0)
+    if not steps or not tokens:
+        return []
+    per_step = tokens / steps
+    rates = [r["masking_rate"] for r in recs if r.get("type") == "train" and r.get("masking_rate") is not None]
+    rate = sum(rates) / len(rates) if rates else 0.15
+    rows = int(manifest.get("arch", {}).get("max_positions", 0))
+    seq_len = int((manifest.get("config", {}).get("shards") or {}).get("seq_len") or 0) or _seq_len(manifest, rows)
+    fpt = model_flops_per_token(manifest.get("arch") or {}, seq_len, rate) if seq_len else None
+    out = []
+    for r in recs:
+        if r.get("type") != "eval":
+            continue
+        losses = [v for k, v in r.items() if k.endswith(".val_loss") and isinstance(v, (int, float))]
+        if losses:
+            x = r["step"] * per_step * (fpt if fpt else 1.0)
+            out.append((float(x), float(sum(losses) / len(losses))))
+    return out
+
+
+def _seq_len(manifest: dict, fallback: int) -> int:
+    p = (manifest.get("config") or {}).get("pretrain") or {}
+    b, acc = p.get("batch_size"), p.get("grad_accum", 1)
+    d = p.get("distributed") or {}
+    world = d.get("nproc_per_node", 1) * d.get("nnodes", 1)
+    steps, tokens = manifest.get("steps"), manifest.get("tokens")
+    if b and steps and tokens:
+        return int(round(tokens / steps / (b * acc * world)))
+    return fallback
+
+
+def _derived(ev: dict) -> dict:
+    out = {}
+    by_task: dict[str, list] = {}
+    for t in ev.get("transfer") or []:
+        task = t.get("task")
+        if task is None:
+            continue
+        if t.get("source_score") is not None:
+            out[f"{task}.source_score"] = float(t["source_score"])
+        if t.get("score") is not None:
+            by_task.setdefault(task, []).append(float(t["score"]))
+    for task, scores in by_task.items():
+        out[f"{task}.mean.score"] = sum(scores) / len(scores)
+    return out
+
+
+def _groups(metrics: dict, sizes: dict) -> dict:
+    if len(sizes) < 5:
+        return {}
+    order = sorted(sizes, key=lambda lg: (sizes[lg], lg))
+    out = {}
+    for gname, langs in (("small3", order[:3]), ("large2", order[-2:])):
+        for m in GROUP_METRICS:
+            vals = [metrics.get(f"{lg}.{m}") for lg in langs]
+            if vals and all(isinstance(v, (int, float)) and math.isfinite(v) for v in vals):
+                out[f"{gname}.{m}"] = sum(vals) / len(vals)
+    return out
+
+
+def collect(sweep_dir: Path, plan: dict | None = None) -> tuple[dict, list[Run]]:
+    """(plan, runs) for the sweep folder ``<workdir>/sweeps/<name>``."""
+    from mlm_core.store import StageStore
+    sweep_dir = Path(sweep_dir)
+    plan = plan if plan is not None else read_plan(sweep_dir)
+    workdir = Path(plan.get("workdir") or sweep_dir.parent.parent)
+    store = StageStore(workdir)
+    runs = []
+    for entry in plan["variants"]:
+        fps = _fingerprints(entry, plan, workdir)
+        run = Run(str(entry["name"]), int(entry.get("seed", 0)), fps, sweep_status=entry.get("status"))
+        arts = {}
+        for stage in RUN_STAGES:
+            fp = fps.get(stage)
+            if fp and store.is_complete(stage, fp):
+                arts[stage] = store.load(stage, fp)
+            elif stage in REQUIRED or fp:
+                run.missing_stages.append(stage)
+        if "pretrain" in arts:
+            pm = arts["pretrain"].manifest
+            run.metrics |= {f"pretrain.{k}": v for k, v in (pm.get("metrics") or {}).items()}
+            run.curve = _curve(arts["pretrain"].path, pm)
+        if "evaluate" in arts:
+            em = arts["evaluate"].manifest
+            run.metrics |= dict(em.get("metrics") or {}) | _derived(em)
+        if "audit" in arts:
+            run.metrics |= dict(arts["audit"].manifest.get("metrics") or {})
+        if fps.get("shards") and store.is_complete("shards", fps["shards"]):
+            langs = store.load("shards", fps["shards"]).manifest.get("languages") or {}
+            run.languages = {lg: int(v.get("tokens_train", 0)) for lg, v in langs.items()}
+            run.metrics |= _groups(run.metrics, run.languages)
+        run.metrics = {k: float(v) for k, v in run.metrics.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        runs.append(run)
+    return plan, runs
+
+
+__all__ = ["Run", "ReportError", "collect", "read_plan", "model_flops_per_token"]
