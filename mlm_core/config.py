@@ -512,20 +512,14 @@ class ExecutionConfig(Section):
         json_schema_extra={"effect": "none"})
     address: str | None = Field(
         default=None, description="engine dask: the scheduler of an existing cluster, e.g. tcp://10.0.0.5:8786 "
-        "(unset: a LocalCluster on this machine).", json_schema_extra={"effect": "none"})
+        "(unset: a LocalCluster on this machine). Ignored, with a warning, by engine local.",
+        json_schema_extra={"effect": "none"})
     workers: int = Field(default=2, ge=1, description="engine dask without address: LocalCluster worker processes "
                          "(one thread each).", json_schema_extra={"effect": "none"})
     partition_mb: float = Field(
         default=64, gt=0, description="Large inputs are split into partitions of about this many MiB (normalize: "
         "by file and byte range; shards: by language and run of documents), each processed independently.",
         json_schema_extra={"effect": "none"})
-
-    @model_validator(mode="after")
-    def _address(self) -> "ExecutionConfig":
-        if self.address is not None and self.engine != "dask":
-            raise ValueError(f"execution.address is set ({self.address}) but execution.engine is {self.engine!r}: "
-                             "set execution.engine: dask")
-        return self
 
 
 class PipelineConfig(Section):

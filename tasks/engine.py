@@ -55,6 +55,8 @@ def mapper_for(lc, stage: str):
     """The mapper for ``stage``'s partitions under ``execution`` (None: the stage's local pool)."""
     ex = lc.config.execution
     if ex.engine == "local":
+        if ex.address:
+            log.warning("execution.address %s is ignored: execution.engine is local (set it to dask)", ex.address)
         return None
     return DaskMapper(lc, stage)
 
@@ -140,13 +142,15 @@ class DaskMapper:
         if self.ex.address:
             return DaskTaskRunner(address=self.ex.address)
         return DaskTaskRunner(cluster_kwargs={"n_workers": self.ex.workers, "threads_per_worker": 1,
-                                              "processes": True, "dashboard_address": None})
+                                              "processes": True, "dashboard_address": None,
+                                              "silence_logs": logging.WARNING})
 
     def preflight(self) -> None:
         """An existing scheduler: reachable, workers alike and sharing the workdir, before any work (once)."""
         if not self.ex.address or self._checked:
             return
         from distributed import Client
+        _tcp_reachable(self.ex.address)
         try:
             client = Client(self.ex.address, timeout=f"{CONNECT_TIMEOUT_S}s", set_as_default=False)
         except (OSError, TimeoutError) as exc:
@@ -182,6 +186,19 @@ class DaskMapper:
                     raise
             log.info("%s: %d partitions on %s", self.stage, len(results), where)
             return results
+
+
+def _tcp_reachable(address: str) -> None:
+    """A refused or unroutable tcp:// address fails at once (Dask's client would retry until its timeout)."""
+    from urllib.parse import urlsplit
+    u = urlsplit(address if "://" in address else f"tcp://{address}")
+    if u.scheme != "tcp" or not u.hostname or not u.port:
+        return                             # tls://, inproc://...: left to Dask's client
+    try:
+        socket.create_connection((u.hostname, u.port), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise EngineError(f"execution.address {address}: no Dask scheduler answers ({exc.strerror or exc}); "
+                          "start one with `dask scheduler` or fix the address") from None
 
 
 def _lost_scheduler(exc: BaseException, runner) -> bool:
