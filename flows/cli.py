@@ -15,6 +15,7 @@ from flows.serve import add_parsers as add_server_parsers  # stdlib only: `mlm -
 from flows.cli_registry import add_parsers as add_registry_parsers  # stdlib only too
 from flows.cli_compare import add_parser as add_compare_parser  # stdlib only too
 from flows.cli_sweep import add_parser as add_sweep_parser  # stdlib only too
+from flows.cli_report import add_parser as add_report_parser  # stdlib only too
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -370,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_compare_parser(sub, with_config)
     add_sweep_parser(sub)
+    add_report_parser(sub)
     c = sub.add_parser("config", help="validate a config or print its JSON Schema")
     csub = c.add_subparsers(dest="config_command", required=True)
     cv = with_config(csub.add_parser("validate", help="parse and check a config file (and that its files exist)"))

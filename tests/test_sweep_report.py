@@ -152,9 +152,49 @@ def test_expand_metrics_one_component_per_star():
         metrics = {"en.top1": 1, "pretrain.en.top1": 1, "upos.fr.score": 1, "upos.mean.score": 1}
     assert expand_metrics(["*.top1", "upos.*.score", "x.y"], [R()]) == [
         "en.top1", "upos.fr.score", "upos.mean.score", "x.y"]
+    # short names as a sweep file may give them
+    assert expand_metrics(["top1", "upos", "nothing"], [R()]) == [
+        "en.top1", "upos.fr.score", "upos.mean.score", "nothing"]
 
 
 def test_no_plan_is_a_clear_error(tmp_path):
     from mlm_core.report.collect import ReportError
     with pytest.raises(ReportError, match="plan.json"):
         build_report(tmp_path)
+
+
+def test_publish_logs_to_the_sweep_run(tmp_path):
+    """The report's files land under the sweep's MLflow run (artifact folder report/), with per-variant metrics."""
+    from mlm_core.config import TrackingConfig
+    from tasks.sweep_report import publish_report
+    from tasks.tracking import Tracker
+    sweep = _store(tmp_path)
+    tcfg = TrackingConfig(uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="sweeps")
+    tr = Tracker(tcfg, tmp_path)
+    run_id = tr.start_pipeline("sweep demo-sweep", params={}, tags={"mlm.kind": "sweep"})
+    tr.end_pipeline("FINISHED")
+    res = publish_report(sweep, run_id=run_id, tracking=tcfg, workdir=tmp_path)
+    assert res["logged"] and res["run_id"] == run_id and not res["published"]   # no Prefect flow run here
+    arts = {a.path for a in tr.client.list_artifacts(run_id, "report")}
+    assert {"report/report.md", "report/report.html", "report/val_loss_vs_flops.png"} <= arts
+    m = tr.client.get_run(run_id).data.metrics
+    assert m["report.mlm.en.top1.mean"] == pytest.approx(0.7)
+    assert m["report.electra.en.top1.diff"] == pytest.approx(0.2 / 3)
+
+
+def test_mlm_report_cli_lists_missing_runs(tmp_path, monkeypatch, capsys):
+    """`mlm report SWEEP.yaml` on a sweep nothing of which ran: every run reported missing, files written."""
+    from pathlib import Path
+
+    from flows.cli import main
+    repo = Path(__file__).resolve().parent.parent
+    sw = tmp_path / "s.yaml"
+    sw.write_text(f"name: cli-sweep\nbase: {repo / 'configs' / 'demo.yaml'}\nseeds: [0, 1]\nbaseline: a\n"
+                  "variants:\n  - {name: a, set: {pretrain.masking.rate: 0.15}}\n"
+                  "  - {name: b, set: {pretrain.masking.rate: 0.4}}\nmetrics: [top1]\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)            # the demo's workdir (.mlm) is relative to the current directory
+    assert main(["report", str(sw), "--no-log"]) == 0
+    out = capsys.readouterr().out
+    assert "report from 0 of 4 run(s)" in out and out.count("missing: ") == 4
+    md = (tmp_path / ".mlm" / "sweeps" / "cli-sweep" / "report" / "report.md").read_text(encoding="utf-8")
+    assert "## Missing runs" in md and "| b | 1 | pretrain, evaluate, audit |" in md

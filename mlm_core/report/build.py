@@ -32,6 +32,12 @@ def expand_metrics(patterns, runs) -> list[str]:
     names = sorted({k for r in runs for k in r.metrics})
     out: list[str] = []
     for p in patterns:
+        if "." not in p and not any(c in p for c in "*?[") and p not in names:
+            # a short name: "top1" = every language's top1; "upos" = the task's per-language and source scores
+            short = [f"*.{p}", f"{p}.*.score", f"{p}.source_score", f"*.{p}_score", f"pretrain.{p}"]
+            hits = [s for s in short if any(fnmatch.fnmatchcase(n, s) for n in names)]
+            out += expand_metrics(hits, runs) if hits else [p]
+            continue
         if any(c in p for c in "*?["):
             hits = [n for n in names if fnmatch.fnmatchcase(n, p)]
             # "*.top1" must not also catch "upos.fr.top1"-like deeper names of another family
