@@ -173,6 +173,14 @@ class TokenizerConfig(Section):
     max_fertility_per_lang: dict[str, float] = Field(
         default_factory=dict, description="Per-language overrides of max_fertility (e.g. zh: 8.0, languages without spaces).",
         json_schema_extra={"effect": "threshold"})
+    pmi_vocab: int = Field(
+        default=0, ge=0, description="PMI-masking (Levine et al. 2021): keep up to this many word n-grams (n = 2..5) per "
+        "language, ranked by the paper's PMI measure over the normalized corpus, in pmi_ngrams.parquet (0 = none; the "
+        "paper: 800k). pretrain.masking.strategy pmi masks them.", json_schema_extra={"effect": "output"})
+    pmi_min_count: int = Field(default=10, ge=2, description="Only n-grams seen at least this often are ranked (the paper: 10).",
+        json_schema_extra={"effect": "output"})
+    pmi_memory_mb: int = Field(default=1024, ge=64, description="DuckDB memory limit of the n-gram count (it spills to disk beyond).",
+        json_schema_extra={"effect": "none"})
 
 
 class ShardsConfig(Section):
@@ -244,7 +252,9 @@ class ModelConfig(Section):
 class MaskingConfig(Section):
     """Which tokens are corrupted and how (BERT 80/10/10; token, whole-word or SpanBERT span masking)."""
 
-    strategy: Literal["token", "whole_word", "span"] = Field(default="token", description="Unit of selection.",
+    strategy: Literal["token", "whole_word", "span", "pmi"] = Field(default="token", description="Unit of selection; "
+        "pmi: whole collocations from the tokenizer stage's PMI n-gram vocabulary first, then single words (Levine et al. "
+        "2021; needs tokenizer.pmi_vocab > 0).",
         json_schema_extra={"effect": "output"})
     rate: float = Field(default=0.15, gt=0, lt=1, description="Selection rate p (share of non-special tokens), for the constant schedule.",
         json_schema_extra={"effect": "output"})
@@ -570,6 +580,9 @@ class PipelineConfig(Section):
             missing = sorted(set(langs) - set(ISO639_1))
             if missing:
                 raise ValueError(f"{key}: {missing} are not ISO 639-1 language codes")
+        if self.pretrain.masking.strategy == "pmi" and not self.tokenizer.pmi_vocab:
+            raise ValueError("pretrain.masking.strategy 'pmi' needs tokenizer.pmi_vocab > 0 (the tokenizer stage "
+                             "builds the PMI n-gram vocabulary it masks)")
         if self.tokenizer.extend and self.tokenizer_from is None:    # pretrain.init_from's own tokenizer counts
             raise ValueError("tokenizer.extend needs tokenizer.from or pretrain.init_from (the tokenizer whose "
                              "vocabulary is extended)")

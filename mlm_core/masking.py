@@ -1,4 +1,4 @@
-"""Masking family for masked-language-model pretraining: token, whole-word and SpanBERT span masking.
+"""Masking family for masked-language-model pretraining: token, whole-word, SpanBERT span and PMI masking.
 
 In:  ``input_ids`` LongTensor [B, T] (packed rows ``[CLS] doc [SEP] doc [SEP] ... [PAD]...``), ``word_start``
      uint8/bool [B, T] (1 where a token starts a word), the step (for the rate schedule) and, for static
@@ -31,6 +31,8 @@ Design choices (all vectorized torch, no Python loop over tokens or sequences):
   ``p * n_candidates`` and kept spans are an unbiased sample of span lengths (the keep decision never
   looks at a span's own length). Kept spans never overlap or touch
   (with the one-word gap), so each run of selected words in the output is one span.
+* pmi (Levine et al. 2021): whole collocations from the PMI n-gram vocabulary first, then single words, up
+  to the same expected budget; never splits a collocation (``mlm_core.pmi_select``, vocabulary ``mlm_core.pmi``).
 * 80/10/10 is decided **per token**, also for whole words and spans (as BERT's original WWM code does).
   Random replacements are drawn uniformly from the vocabulary without special ids.
 * Randomness: a counter-based hash (splitmix64 finalizer in wrapping int64 torch arithmetic) of
@@ -155,7 +157,8 @@ class Masker:
     """
 
     def __init__(self, cfg: MaskingConfig, vocab_size: int, special_ids: list[int], mask_id: int,
-                 seed: int = 0, total_steps: int = 1, *, unk_id: int | None = None):
+                 seed: int = 0, total_steps: int = 1, *, unk_id: int | None = None,
+                 collocations: dict[int, torch.Tensor] | None = None):
         specials = sorted({int(i) for i in special_ids} | {int(mask_id)})
         if not all(0 <= i < vocab_size for i in specials):
             raise ValueError(f"special ids {specials} outside the vocabulary [0, {vocab_size})")
@@ -163,6 +166,11 @@ class Masker:
             raise ValueError("the vocabulary has no non-special token to draw random replacements from")
         if vocab_size > 1 << 35:
             raise ValueError(f"vocab_size {vocab_size} too large for the {_RID_BITS}-bit random-id draw")
+        if cfg.strategy == "pmi" and collocations is None:
+            raise ValueError("masking strategy 'pmi' needs the collocation vocabulary (mlm_core.pmi: the tokenizer "
+                             "stage writes it when tokenizer.pmi_vocab > 0)")
+        # pmi: {unit count: sorted int64 n-gram hashes} (mlm_core.pmi_select)
+        self.collocations = {int(m): torch.as_tensor(h, dtype=torch.int64) for m, h in (collocations or {}).items()}
         self.cfg, self.vocab_size, self.mask_id = cfg, int(vocab_size), int(mask_id)
         self.special_ids, self.unk_id = specials, unk_id
         self.seed, self.total_steps = int(seed), int(total_steps)
@@ -196,6 +204,12 @@ class Masker:
             else:   # Weyl increments of one stream: offset + i * golden (wrapping)
                 v = torch.arange(n, dtype=torch.int64) * _GOLDEN + (_STREAM_POS if name == "pos" else _STREAM_SPAN)
             self._cache[key] = v.to(device)
+        return self._cache[key]
+
+    def _colloc(self, m: int, device: torch.device) -> torch.Tensor:
+        key = ("colloc", device, m)
+        if key not in self._cache:
+            self._cache[key] = self.collocations[m].to(device)
         return self._cache[key]
 
     # -- randomness -----------------------------------------------------------------------------------
@@ -309,6 +323,10 @@ class Masker:
                 sel = (sel_key < thr) & cand
             elif strategy == "whole_word":
                 sel = self._select_whole_word(cand, ws, sel_key, thr)
+            elif strategy == "pmi":     # PMI-masking: collocations first, then words (mlm_core.pmi_select)
+                from mlm_core.pmi_select import select_pmi
+                table = {m: self._colloc(m, dev) for m in self.collocations}
+                sel = select_pmi(ids, cand, ws, h, p, table)
             else:
                 raise ValueError(f"unknown masking strategy {strategy!r}")
         # 80/10/10, decided per token (also inside whole words and spans)

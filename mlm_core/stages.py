@@ -144,7 +144,14 @@ def _pretrain_inputs(lc: LoadedConfig):
 
 def _run_tokenizer(lc, upstream, out_dir):
     from mlm_core.tokenizer import run_tokenizer
-    return run_tokenizer(lc, upstream, out_dir)
+    manifest = run_tokenizer(lc, upstream, out_dir)
+    if lc.config.tokenizer.pmi_vocab:       # PMI-masking's n-gram vocabulary (mlm_core.pmi, issue 13)
+        from mlm_core.pmi import build_vocabulary
+        from mlm_core.tokenizer.stage import load_tokenizer
+        tok = load_tokenizer(Path(out_dir))
+        manifest["pmi"] = build_vocabulary(upstream["normalize"].path, lc.config.languages, tok,
+                                           lc.config.tokenizer, out_dir)
+    return manifest
 
 
 def _run_shards(lc, upstream, out_dir):

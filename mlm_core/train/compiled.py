@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-_UNIT = {"token": 1.0, "whole_word": 2.0}          # span: span_max (see the module docstring)
+_UNIT = {"token": 1.0, "whole_word": 2.0, "pmi": 10.0}          # span: span_max (see the module docstring)
 _ROUND = 32
 _SIGMAS = 5.0
 # auto compiles a run of at least this many micro-batches: compiling costs ~30-60 s on a 2-core CPU (~1 min on

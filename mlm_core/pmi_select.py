@@ -1,0 +1,146 @@
+"""The ``pmi`` masking strategy's selection (PMI-masking, Levine et al. 2021): whole collocations first, then
+single words, up to the budget p * candidates. The vocabulary comes from ``mlm_core.pmi``.
+
+Matching is on word units (``Masker._units``: a word-start token and its continuation tokens), so it needs no
+text: a unit's hash mixes its token ids with their offsets in the word; an m-unit n-gram's hash chains its
+units' hashes. ``mlm_core.pmi.hash_phrases`` runs the same function on each vocabulary n-gram encoded as the
+shards encode documents, so a collocation in a packed row hashes to its vocabulary entry (64-bit; a chance
+collision is ~1e-12 per lookup at a million entries).
+
+Occurrences: longest first (5 units down to 2); an occurrence overlapping one already taken is dropped; among
+overlapping occurrences of the same length, a few rounds keep local maxima of a random priority (so "a b c"
+with both "a b" and "b c" in the vocabulary takes either with equal odds). Taken occurrences never overlap.
+
+Selection (per row, independent Bernoulli like the other strategies; N candidate tokens, C of them inside
+taken occurrences, budget B = p * N): when C >= B each occurrence is kept with probability B / C and no single
+word is; else every occurrence is kept and each other word with probability (B - C) / (N - C). Either way
+E[selected tokens] = B exactly, and an occurrence is selected or not as a whole (one key, drawn at its first
+token), so a collocation is never split. The 80/10/10 replacement is then the Masker's, per token.
+"""
+from __future__ import annotations
+
+import torch
+
+from mlm_core.masking import _GOLDEN, _SEL_BITS, _i64, _mix, _shr
+
+_WORD_STREAM = _i64(0xA0761D6478BD642F)   # offsets a token's position in its word (wyhash constant)
+_PRIORITY = _i64(0xE7037ED1A0B428DB)      # re-mix constant of the overlap priority (wyhash)
+ROUNDS = 3                                # local-maximum rounds among same-length overlapping occurrences
+
+
+def _units(cand: torch.Tensor, word_start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    from mlm_core.masking import Masker
+    return Masker._units(cand, word_start)
+
+
+def _shift_left(x: torch.Tensor, k: int, fill) -> torch.Tensor:
+    """x[:, u + k] at column u (``fill`` past the end)."""
+    if k == 0:
+        return x
+    out = torch.full_like(x, fill)
+    if k < x.shape[1]:
+        out[:, : x.shape[1] - k] = x[:, k:]
+    return out
+
+
+def _shift_right(x: torch.Tensor, k: int, fill) -> torch.Tensor:
+    """x[:, u - k] at column u (``fill`` before the start)."""
+    if k == 0:
+        return x
+    out = torch.full_like(x, fill)
+    if k < x.shape[1]:
+        out[:, k:] = x[:, : x.shape[1] - k]
+    return out
+
+
+def unit_hashes(ids, cand, uidx, start) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(hash [B, T] per unit, valid [B, T]: the unit holds candidate tokens, tokens [B, T] per unit)."""
+    b, t = ids.shape
+    ar = torch.arange(t, device=ids.device).expand(b, t)
+    first = torch.cummax(ar * start, dim=1).values            # position of the unit's first token
+    th = _mix(ids * _GOLDEN + (ar - first + 1) * _WORD_STREAM)
+    w = torch.zeros(b, t, dtype=torch.int64, device=ids.device).scatter_add_(1, uidx, th * cand)
+    tok = torch.zeros(b, t, dtype=torch.int64, device=ids.device).scatter_add_(1, uidx, cand.to(torch.int64))
+    return _mix(w), tok > 0, tok
+
+
+def chain(w: torch.Tensor, valid: torch.Tensor, max_n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """{m: (hash of units u..u+m-1 at column u, all m units valid)} for m = 1..max_n."""
+    out = {1: (w, valid)}
+    h, v = w, valid
+    for m in range(2, max_n + 1):
+        h = _mix(h * _GOLDEN + _shift_left(w, m - 1, 0))
+        v = v & _shift_left(valid, m - 1, False)
+        out[m] = (h, v)
+    return out
+
+
+def ngram_hashes(ids, cand, word_start, max_n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """``chain`` over the word units of a batch (what ``mlm_core.pmi.hash_phrases`` stores)."""
+    uidx, start = _units(cand, word_start)
+    w, valid, _ = unit_hashes(ids.to(torch.int64), cand, uidx, start)
+    return chain(w, valid, max_n)
+
+
+def _window_any(x: torch.Tensor, m: int) -> torch.Tensor:
+    """any(x[:, u .. u+m-1]) at column u."""
+    out = x.clone()
+    for d in range(1, m):
+        out |= _shift_left(x, d, False)
+    return out
+
+
+def take_occurrences(table: dict[int, torch.Tensor], grams, pr: torch.Tensor):
+    """(covered [B, T] units inside a taken occurrence, occ [B, T]: that occurrence's first unit, -1 elsewhere)."""
+    b, t = pr.shape
+    covered = torch.zeros(b, t, dtype=torch.bool, device=pr.device)
+    occ = torch.full((b, t), -1, dtype=torch.int64, device=pr.device)
+    cols = torch.arange(t, device=pr.device).expand(b, t)
+    for m in sorted((k for k in table if k in grams and k >= 2), reverse=True):
+        h, v = grams[m]
+        match = v & torch.isin(h, table[m])
+        for _ in range(ROUNDS):
+            free = match & ~_window_any(covered, m)
+            if not bool(free.any()):
+                break
+            win = free.clone()
+            for d in range(1, m):     # lose to an overlapping free occurrence of higher priority on either side
+                for nb in (_shift_left(free, d, False) & (_shift_left(pr, d, -1) > pr),
+                           _shift_right(free, d, False) & (_shift_right(pr, d, -1) > pr)):
+                    win &= ~nb
+            for d in range(m):
+                at = _shift_right(win, d, False)
+                covered |= at
+                occ = torch.where(at, _shift_right(cols, d, 0), occ)
+            match &= ~win
+    return covered, occ
+
+
+def select_pmi(ids, cand, word_start, h, p: float, table: dict[int, torch.Tensor]) -> torch.Tensor:
+    """Selected tokens [B, T] (module docstring). ``h``: the Masker's 64-bit per-position hashes (the top
+    ``_SEL_BITS`` are the selection key, as for whole words)."""
+    b, t = ids.shape
+    uidx, start = _units(cand, word_start)
+    w, valid, tok = unit_hashes(ids, cand, uidx, start)
+    grams = chain(w, valid, max(table, default=1))
+    zeros = torch.zeros(b, t, dtype=torch.int64, device=ids.device)
+    ukey = zeros.scatter_add(1, uidx, _shr(h, 64 - _SEL_BITS) * start)
+    # priority among overlapping occurrences: 40 bits of a re-mixed hash, NOT the selection key (the winners
+    # of a priority contest would otherwise carry high keys and be selected less than p), then the position
+    upr = zeros.scatter_add(1, uidx, _shr(_mix(h ^ _PRIORITY), 24) * start)
+    pr = upr * (t + 1) + torch.arange(t, device=ids.device)
+    covered, occ = take_occurrences(table, grams, pr)
+    n = cand.sum(1).to(torch.float64)
+    c = (tok * covered).sum(1).to(torch.float64)
+    budget = p * n
+    q_occ = (budget / c.clamp(min=1)).clamp(max=1.0)
+    q_word = ((budget - c) / (n - c).clamp(min=1)).clamp(0.0, 1.0)
+    scale = float(1 << _SEL_BITS)
+    thr_occ = (q_occ * scale).round().to(torch.int64)[:, None]
+    thr_word = (q_word * scale).round().to(torch.int64)[:, None]
+    occ_key = ukey.gather(1, occ.clamp(min=0))
+    sel_unit = (covered & (occ_key < thr_occ)) | (~covered & valid & (ukey < thr_word))
+    return sel_unit.gather(1, uidx) & cand
+
+
+__all__ = ["chain", "ngram_hashes", "select_pmi", "take_occurrences", "unit_hashes"]
