@@ -2,11 +2,15 @@
 
 In: a workdir (``.mlm`` by default), ports, a host. Out, until Ctrl-C / SIGTERM:
 - a Prefect server (API + UI; SQLite in ``<workdir>/prefect``, ``PREFECT_HOME`` there, analytics off),
-- a Prefect worker for the ``mlm-process`` work pool (created first when missing),
+- a Prefect worker (``--workers N``: N) for the ``mlm-process`` work pool (created first when missing),
 - an MLflow tracking server over the workdir's own store, the one ``mlm run`` writes without a server
   (``sqlite:///<workdir>/mlflow.db``, artifacts in ``<workdir>/mlartifacts``), ``--workers 1`` and
   ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``: 10 s to start instead of ~38 s, and no orphaned huey
   consumers (STACK_NOTES section 2).
+
+``--db postgresql://USER@HOST:PORT/NAME`` puts both stores on PostgreSQL instead (``flows.servedb``: databases
+NAME_prefect and NAME_mlflow, checked and created before anything starts); ``--workers N`` starts N workers,
+each running one flow run at a time when N >= 2 (docs/SERVE.md).
 
 While it serves, ``<workdir>/serve.json`` (written atomically, removed on exit) says where the servers are;
 ``mlm run`` with that workdir logs to them when they answer (``adopt_servers``), else to the local store and
@@ -39,11 +43,10 @@ from flows.procs import (  # noqa: F401
     GRACE_S, REPO_ROOT, Child, ServeError, _auth_header, _client_host, _group_exists, _url, _wait_until,
     free_port, http_get, http_post_json, port_free, stop_children,
 )
+from flows.serve_auth import AUTH_ENV, MIN_PASSWORD, _secret_key, read_credentials  # noqa: F401
 
 POOL = "mlm-process"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-AUTH_ENV = "MLM_SERVE_AUTH"          # user:password, the alternative to --auth-file
-MIN_PASSWORD = 12                    # MLflow's password policy (mlflow.utils.validation._validate_password)
 STATE_FILE = "serve.json"            # <workdir>/serve.json: URLs + child pids while serving
 
 QUIET_ENV = {
@@ -58,30 +61,6 @@ class _Stop(Exception):
     """Raised from the SIGTERM/SIGHUP handler to unwind into the cleanup."""
 
 
-# ------------------------------------------------------------------------------------- credentials
-def read_credentials(auth_file: str | None) -> str | None:
-    """``user:password`` from ``--auth-file`` (first non-comment line) or ``$MLM_SERVE_AUTH``; None if neither."""
-    if auth_file:
-        path = Path(auth_file)
-        if not path.is_file():
-            raise ServeError(f"--auth-file {path}: no such file", 2)
-        lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
-        lines = [ln for ln in lines if ln and not ln.startswith("#")]
-        cred = lines[0] if lines else ""
-        source = f"--auth-file {path}"
-    elif os.environ.get(AUTH_ENV):
-        cred, source = os.environ[AUTH_ENV].strip(), f"${AUTH_ENV}"
-    else:
-        return None
-    user, sep, password = cred.partition(":")
-    if not sep or not user or not password:
-        raise ServeError(f"{source}: expected one line 'user:password'", 2)
-    if len(password) < MIN_PASSWORD:
-        raise ServeError(f"{source}: the password must have at least {MIN_PASSWORD} characters "
-                         "(MLflow's password policy)", 2)
-    return cred
-
-
 # ------------------------------------------------------------------------------------- plan
 @dataclass
 class Plan:
@@ -91,6 +70,8 @@ class Plan:
     mlflow_port: int
     pool: str
     auth: str | None
+    db: "PgDatabase | None" = None      # --db: both stores on PostgreSQL (flows.servedb); None: SQLite
+    workers: int = 1                    # --workers N: N Prefect workers (N >= 2: one flow run at a time each)
 
     @property
     def prefect_url(self) -> str:
@@ -115,7 +96,8 @@ class Plan:
         env["PREFECT_HOME"] = str(self.prefect_home)
         env["PREFECT_API_URL"] = self.api_url
         env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
-        for k in ("PREFECT_SERVER_API_AUTH_STRING", "PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_USERNAME",
+        for k in ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL",
+                  "PREFECT_SERVER_API_AUTH_STRING", "PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_USERNAME",
                   "MLFLOW_TRACKING_PASSWORD", "MLFLOW_AUTH_ADMIN_USERNAME", "MLFLOW_AUTH_ADMIN_PASSWORD"):
             env.pop(k, None)   # only this command's credentials, never a stale one from the shell
         if self.auth:
@@ -128,6 +110,8 @@ class Plan:
         env = self.base_env()
         if self.auth:
             env["PREFECT_SERVER_API_AUTH_STRING"] = self.auth
+        if self.db is not None:     # default: SQLite in PREFECT_HOME
+            env["PREFECT_API_DATABASE_CONNECTION_URL"] = self.db.prefect_url()
         cmd = [sys.executable, "-m", "prefect", "server", "start",
                "--host", self.host, "--port", str(self.prefect_port)]
         return Child("prefect server", cmd, env, self.workdir / "logs" / "prefect-server.log")
@@ -137,7 +121,7 @@ class Plan:
         env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
         artifacts = str(self.workdir / "mlartifacts")
         cmd = [sys.executable, "-m", "mlflow", "server",
-               "--backend-store-uri", f"sqlite:///{self.workdir / 'mlflow.db'}",   # the CLI's own store
+               "--backend-store-uri", self.mlflow_store,
                "--artifacts-destination", artifacts,
                "--host", self.host, "--port", str(self.mlflow_port), "--workers", "1"]
         if not self.auth:
@@ -159,28 +143,33 @@ class Plan:
             cmd += ["--app-name", "basic-auth"]
         return Child("mlflow server", cmd, env, self.workdir / "logs" / "mlflow-server.log")
 
-    def worker(self) -> Child:
+    @property
+    def mlflow_store(self) -> str:
+        """The MLflow backend store: the CLI's own SQLite file (what `mlm run` writes without a server), or
+        the PostgreSQL database of --db."""
+        return self.db.mlflow_url() if self.db is not None else f"sqlite:///{self.workdir / 'mlflow.db'}"
+
+    def worker(self, i: int = 0) -> Child:
         cmd = [sys.executable, "-m", "prefect", "worker", "start", "--pool", self.pool, "--type", "process",
-               "--name", self.worker_name]
+               "--name", self.worker_names[i]]
+        if self.workers > 1:
+            # N workers = N flow runs at once, spread over the workers (one unlimited worker would take them all)
+            cmd += ["--limit", "1"]
         env = self.base_env()
         # flow runs started from the UI log to this MLflow server unless their config sets tracking.uri
         env["MLM_TRACKING_URI"] = self.mlflow_url
-        return Child("prefect worker", cmd, env, self.workdir / "logs" / "prefect-worker.log")
+        log = "prefect-worker.log" if self.workers == 1 else f"prefect-worker-{i + 1}.log"
+        return Child("prefect worker" if self.workers == 1 else f"prefect worker {i + 1}", cmd, env,
+                     self.workdir / "logs" / log)
+
+    @property
+    def worker_names(self) -> list[str]:
+        base = f"mlm-worker-{self.prefect_port}"
+        return [base] if self.workers == 1 else [f"{base}-{i + 1}" for i in range(self.workers)]
 
     @property
     def worker_name(self) -> str:
-        return f"mlm-worker-{self.prefect_port}"
-
-
-def _secret_key(path: Path) -> str:
-    """The CSRF key MLflow's basic-auth app requires: made once per workdir (0600), stable across restarts."""
-    if not path.exists():
-        import secrets
-
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(secrets.token_hex(32))
-    return path.read_text().strip()
+        return self.worker_names[0]
 
 
 # ------------------------------------------------------------------------------------- checks
@@ -238,38 +227,13 @@ def _plan_from_args(args) -> Plan:
 
         if importlib.util.find_spec("flask_wtf") is None:  # MLflow's basic-auth app imports it (CSRF)
             raise ServeError("MLflow's basic-auth app needs Flask-WTF: pip install 'mlflow[auth]'", 2)
-    return Plan(workdir, args.host, args.prefect_port, args.mlflow_port, args.pool, use_auth)
-
-
-def _banner(plan: Plan, seconds: float) -> str:
-    lines = [
-        f"mlm serve: up in {seconds:.0f}s (workdir {plan.workdir}, logs in {plan.workdir / 'logs'})",
-        f"  Prefect UI   {plan.prefect_url}",
-        f"  Prefect API  {plan.api_url}   (worker '{plan.worker_name}' on pool {plan.pool})",
-        f"  MLflow UI    {plan.mlflow_url}/#/?workflowType=machine_learning   (the model-training view)",
-        "",
-        "In another shell:",
-        f"  export PREFECT_API_URL={plan.api_url}",
-    ]
-    if plan.auth:
-        user = plan.auth.partition(":")[0]
-        lines += [f"  export PREFECT_API_AUTH_STRING='{user}:<password>'",
-                  f"  export MLFLOW_TRACKING_USERNAME={user} MLFLOW_TRACKING_PASSWORD='<password>'"]
-    lines += [
-        f"  mlm deploy                      # deployments on pool {plan.pool}",
-        "  mlm run configs/demo.yaml",
-        f"`mlm run` with workdir {plan.workdir} logs to these servers while they run ({STATE_FILE} there says",
-        f"where); flow runs started from the Prefect UI log to {plan.mlflow_url} (the worker sets MLM_TRACKING_URI).",
-        "A config's tracking.uri, $MLM_TRACKING_URI or $PREFECT_API_URL, when set, take precedence.",
-    ]
-    if (plan.workdir / "mlflow-server.db").exists():   # what `mlm serve` served before it used the CLI's store
-        lines.append(f"Runs logged to an earlier `mlm serve` stay in {plan.workdir / 'mlflow-server.db'} (not served): "
-                     f"`mlflow ui --backend-store-uri sqlite:///{plan.workdir / 'mlflow-server.db'}` shows them.")
-    if plan.host not in LOOPBACK:
-        lines.append(f"Bound to {plan.host}: other machines use this host's address instead of "
-                     f"{_client_host(plan.host)} (MLflow may need --allowed-hosts, Prefect PREFECT_UI_API_URL).")
-    lines.append("Ctrl-C stops everything.")
-    return "\n".join(lines)
+    if args.workers < 1:
+        raise ServeError(f"--workers {args.workers}: at least 1", 2)
+    db = None
+    if args.db:
+        from flows.servedb import parse_db
+        db = parse_db(args.db)
+    return Plan(workdir, args.host, args.prefect_port, args.mlflow_port, args.pool, use_auth, db, args.workers)
 
 
 def cmd_check(args) -> int:
@@ -293,6 +257,11 @@ def serve(plan: Plan, timeout: float = 180.0, grace: float = GRACE_S) -> int:
         if not port_free(plan.host, port):
             raise ServeError(f"port {port} on {plan.host} is already in use; it was wanted by {who}. "
                              "Stop whatever holds it or pick another port. Nothing was started.", 2)
+    if plan.db is not None:         # before anything starts: a wrong URL is one clear error, nothing to stop
+        from flows.servedb import ensure_databases
+        created = ensure_databases(plan.db)
+        if created:
+            print(f"mlm serve: created database(s) {', '.join(created)} on {plan.db.host}:{plan.db.port}", flush=True)
     plan.workdir.mkdir(parents=True, exist_ok=True)
     plan.prefect_home.mkdir(parents=True, exist_ok=True)
     state = plan.workdir / STATE_FILE
@@ -317,15 +286,18 @@ def serve(plan: Plan, timeout: float = 180.0, grace: float = GRACE_S) -> int:
             _ensure_pool(plan)
         except Exception as exc:  # noqa: BLE001 (any API failure: report it, stop the servers)
             raise ServeError(f"could not create work pool {plan.pool}: {exc}") from exc
-        worker = plan.worker()
-        worker.start()
-        children.append(worker)
+        for i in range(plan.workers):
+            worker = plan.worker(i)
+            worker.start()
+            children.append(worker)
         _write_state(state, plan, children)
         left = max(30.0, timeout - (time.monotonic() - t0))
         _wait_until("the MLflow server answers", lambda: mlflow_up(plan), children, left)
-        _wait_until(f"the worker joins pool {plan.pool}", lambda: plan.worker_name in workers_online(plan),
+        _wait_until(f"the worker{'s' if plan.workers > 1 else ''} join pool {plan.pool}",
+                    lambda: set(plan.worker_names) <= set(workers_online(plan)),
                     children, max(30.0, timeout - (time.monotonic() - t0)))
-        print(_banner(plan, time.monotonic() - t0), flush=True)
+        from flows.serve_banner import banner
+        print(banner(plan, time.monotonic() - t0), flush=True)
         while True:
             for c in children:
                 if not c.alive():
@@ -354,7 +326,8 @@ def _write_state(path: Path, plan: Plan, children: list[Child]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({
         "pid": os.getpid(), "workdir": str(plan.workdir), "prefect_url": plan.prefect_url, "api_url": plan.api_url,
-        "mlflow_url": plan.mlflow_url, "mlflow_store": f"sqlite:///{plan.workdir / 'mlflow.db'}",
+        "mlflow_url": plan.mlflow_url,
+        "mlflow_store": plan.db.url(plan.db.name + "_mlflow", "psycopg2", hide_password=True) if plan.db else plan.mlflow_store,
         "pool": plan.pool, "auth": bool(plan.auth),
         "children": {c.name: c.proc.pid for c in children if c.proc is not None},
     }, indent=2), encoding="utf-8")
@@ -386,6 +359,13 @@ def add_parsers(sub) -> None:
                    help=f"file with one line 'user:password' (password >= {MIN_PASSWORD} chars): Prefect basic "
                         "auth + MLflow basic-auth app; alternatively export " + AUTH_ENV)
     s.add_argument("--require-auth", action="store_true", help="turn authentication on even on loopback")
+    s.add_argument("--db", metavar="URL",
+                   help="postgresql://USER[:PASSWORD]@HOST[:PORT]/NAME: the Prefect server and the MLflow backend "
+                        "store on PostgreSQL (databases NAME_prefect and NAME_mlflow, created when missing); "
+                        "default: SQLite in the workdir")
+    s.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="Prefect workers to start (default 1); with N >= 2 each runs one flow run at a time, so "
+                        "up to N deployments (e.g. the pipeline and a stage) run at once")
     s.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for everything to answer")
     s.add_argument("--check", action="store_true",
                    help="only report whether the servers and the worker answer (exit 0 if all up, 1 otherwise)")

@@ -140,6 +140,8 @@ def test_cli_surface_is_frozen():
     validate = next(a for a in sub.choices["config"]._actions if a.dest == "config_command").choices["validate"]
     assert "--no-paths" in opts(validate)                       # files are checked unless --no-paths
     assert {"--wait", "--pool", "--schedule", "--api-url", "--write-yaml"} <= opts(sub.choices["deploy"])
+    assert {"--workdir", "--prefect-port", "--mlflow-port", "--host", "--pool", "--auth-file", "--require-auth",
+            "--db", "--workers", "--timeout", "--check"} <= opts(sub.choices["serve"])   # --db/--workers: issue 10
     for cmd in ("promote", "rollback"):                       # aliases moved by hand, with the reason recorded
         assert {"--alias", "--reason", "--config"} <= opts(sub.choices[cmd])
     assert {"--version", "--force"} <= opts(sub.choices["promote"])

@@ -141,10 +141,14 @@ def _tiny_config(root: Path) -> Path:
 
 
 def _worker_log(workdir: Path) -> str:
-    try:
-        return (workdir / "logs" / "prefect-worker.log").read_text(errors="replace")[-6000:]
-    except OSError:
-        return ""
+    """The worker's log tail (every worker's, `mlm serve --workers N`)."""
+    out = []
+    for log in sorted((workdir / "logs").glob("prefect-worker*.log")):
+        try:
+            out.append(f"== {log.name}\n" + log.read_text(errors="replace")[-6000:])
+        except OSError:
+            pass
+    return "\n".join(out)
 
 
 # ------------------------------------------------------------------------------ fast checks
@@ -193,6 +197,19 @@ def test_busy_port_refuses_and_starts_nothing(tmp_path):
     assert not (tmp_path / "w").exists()   # nothing started, nothing written
 
 
+def test_bad_or_unreachable_database_refuses_and_starts_nothing(tmp_path):
+    from flows.serve import free_port
+
+    r = _run_mlm("serve", "--workdir", str(tmp_path / "w"), "--db", "mysql://u@h/db", home=tmp_path / "prefect")
+    assert r.returncode == 2 and "expected postgresql://USER@HOST:PORT/NAME" in r.stderr, r.stderr
+    port = free_port()                  # nothing listens there
+    r = _run_mlm("serve", "--workdir", str(tmp_path / "w"), "--db", f"postgresql://mlm:s3cret@127.0.0.1:{port}/mlm",
+                 home=tmp_path / "prefect")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"postgresql://mlm:***@127.0.0.1:{port}/mlm: cannot connect" in r.stderr and "s3cret" not in r.stderr
+    assert not (tmp_path / "w").exists()   # checked before anything started
+
+
 def test_public_host_without_credentials_refuses(tmp_path):
     r = _run_mlm("serve", "--workdir", str(tmp_path / "w"), "--host", "0.0.0.0", home=tmp_path / "prefect")
     assert r.returncode == 2, r.stdout + r.stderr
@@ -238,6 +255,26 @@ def test_auth_refuses_unauthenticated_requests(tmp_path):
 
 @pytest.mark.slow
 def test_deployments_end_to_end_with_real_servers(tmp_path):
+    wd = tmp_path / "srv"
+    with mlm_serve(wd) as (pport, mport, _state):
+        deploy(wd, pport)
+        end_to_end(tmp_path, wd, pport, mport)
+
+
+def deploy(wd: Path, pport: int) -> None:
+    """`mlm deploy` against the served Prefect API; every deployment READY when it returns."""
+    api = f"http://127.0.0.1:{pport}/api"
+    dep = _run_mlm("deploy", "--api-url", api, home=wd / "prefect", timeout=180)
+    assert dep.returncode == 0, dep.stdout + dep.stderr
+    with prefect_client_settings(api, wd / "prefect"):   # ready the moment `mlm deploy` returns, not later
+        from flows.deploy import deployment_status, flow_specs
+        ready = deployment_status([f"{name}/default" for name, _, _ in flow_specs()])
+    assert set(ready.values()) == {"READY"}, (ready, dep.stdout)
+
+
+def end_to_end(tmp_path: Path, wd: Path, pport: int, mport: int) -> None:
+    """The full-pipeline deployment as the UI's Run button starts it, checked in MLflow and Prefect; then one
+    stage deployment forced (also run against `mlm serve --db postgresql://...`: tests/test_postgres.py)."""
     from mlflow import MlflowClient
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
@@ -245,56 +282,48 @@ def test_deployments_end_to_end_with_real_servers(tmp_path):
 
     from mlm_core.stages import stage_names
 
-    wd = tmp_path / "srv"
     config = _tiny_config(tmp_path)
-    with mlm_serve(wd) as (pport, mport, _state):
-        api, mlflow_url = f"http://127.0.0.1:{pport}/api", f"http://127.0.0.1:{mport}"
-        dep = _run_mlm("deploy", "--api-url", api, home=wd / "prefect", timeout=180)
-        assert dep.returncode == 0, dep.stdout + dep.stderr
-        with prefect_client_settings(api, wd / "prefect"):   # ready the moment `mlm deploy` returns, not later
-            from flows.deploy import deployment_status, flow_specs
-            ready = deployment_status([f"{name}/default" for name, _, _ in flow_specs()])
-        assert set(ready.values()) == {"READY"}, (ready, dep.stdout)
-        params = {"config_path": str(config),
-                  "overrides": [f"tracking.uri={mlflow_url}", f"workdir={tmp_path / 'work'}"]}
-        client = MlflowClient(tracking_uri=mlflow_url)
+    api, mlflow_url = f"http://127.0.0.1:{pport}/api", f"http://127.0.0.1:{mport}"
+    params = {"config_path": str(config),
+              "overrides": [f"tracking.uri={mlflow_url}", f"workdir={tmp_path / 'work'}"]}
+    client = MlflowClient(tracking_uri=mlflow_url)
 
-        with prefect_client_settings(api, wd / "prefect"):
-            # 1. the full pipeline, as the UI's "Run" button does it
-            fr = run_deployment("mlm-pipeline/default", parameters=params, timeout=480, poll_interval=1)
-            assert fr.state is not None and fr.state.is_completed(), f"{fr.state}\n{_worker_log(wd)}"
+    with prefect_client_settings(api, wd / "prefect"):
+        # 1. the full pipeline, as the UI's "Run" button does it
+        fr = run_deployment("mlm-pipeline/default", parameters=params, timeout=480, poll_interval=1)
+        assert fr.state is not None and fr.state.is_completed(), f"{fr.state}\n{_worker_log(wd)}"
 
-            exp = client.get_experiment_by_name("mlm-e2e")
-            assert exp is not None, "no MLflow experiment: the flow did not log to the served MLflow"
-            runs = client.search_runs([exp.experiment_id])
-            parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-            assert len(parents) == 1, [r.info.run_name for r in runs]
-            parent = parents[0]
-            assert parent.info.status == "FINISHED"
-            nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-            assert sorted(r.data.tags["stage"] for r in nested) == sorted(stage_names())
-            for r in nested:
-                assert r.data.tags["cache"] == "miss", (r.data.tags["stage"], r.data.tags)
-                assert r.data.tags.get("validation") == "passed", r.data.tags
-                files = [f.path for f in client.list_artifacts(r.info.run_id, "validation")]
-                assert "validation/result.json" in files, files
-                result = client.download_artifacts(r.info.run_id, "validation/result.json", str(tmp_path / "dl"))
-                assert json.loads(Path(result).read_text())["success"] is True
-
-            with get_client(sync_client=True) as pc:
-                arts = pc.read_artifacts(artifact_filter=ArtifactFilter(
-                    flow_run_id=ArtifactFilterFlowRunId(any_=[fr.id])))
-            keys = {a.key for a in arts}
-            assert {"normalize-summary", "normalize-stats"} <= keys, keys
-
-            # 2. one stage deployment, forced: only that stage executes, in a new pipeline run
-            fr2 = run_deployment("mlm-normalize/default", parameters={**params, "force": True}, timeout=180,
-                                 poll_interval=1)
-            assert fr2.state is not None and fr2.state.is_completed(), f"{fr2.state}\n{_worker_log(wd)}"
-
+        exp = client.get_experiment_by_name("mlm-e2e")
+        assert exp is not None, "no MLflow experiment: the flow did not log to the served MLflow"
         runs = client.search_runs([exp.experiment_id])
-        parents2 = [r for r in runs if "mlflow.parentRunId" not in r.data.tags
-                    and r.info.run_id != parent.info.run_id]
-        assert len(parents2) == 1, [r.info.run_name for r in runs]
-        nested2 = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents2[0].info.run_id]
-        assert [(r.data.tags["stage"], r.data.tags["cache"]) for r in nested2] == [("normalize", "miss")]
+        parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+        assert len(parents) == 1, [r.info.run_name for r in runs]
+        parent = parents[0]
+        assert parent.info.status == "FINISHED"
+        nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+        assert sorted(r.data.tags["stage"] for r in nested) == sorted(stage_names())
+        for r in nested:
+            assert r.data.tags["cache"] == "miss", (r.data.tags["stage"], r.data.tags)
+            assert r.data.tags.get("validation") == "passed", r.data.tags
+            files = [f.path for f in client.list_artifacts(r.info.run_id, "validation")]
+            assert "validation/result.json" in files, files
+            result = client.download_artifacts(r.info.run_id, "validation/result.json", str(tmp_path / "dl"))
+            assert json.loads(Path(result).read_text())["success"] is True
+
+        with get_client(sync_client=True) as pc:
+            arts = pc.read_artifacts(artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[fr.id])))
+        keys = {a.key for a in arts}
+        assert {"normalize-summary", "normalize-stats"} <= keys, keys
+
+        # 2. one stage deployment, forced: only that stage executes, in a new pipeline run
+        fr2 = run_deployment("mlm-normalize/default", parameters={**params, "force": True}, timeout=180,
+                             poll_interval=1)
+        assert fr2.state is not None and fr2.state.is_completed(), f"{fr2.state}\n{_worker_log(wd)}"
+
+    runs = client.search_runs([exp.experiment_id])
+    parents2 = [r for r in runs if "mlflow.parentRunId" not in r.data.tags
+                and r.info.run_id != parent.info.run_id]
+    assert len(parents2) == 1, [r.info.run_name for r in runs]
+    nested2 = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents2[0].info.run_id]
+    assert [(r.data.tags["stage"], r.data.tags["cache"]) for r in nested2] == [("normalize", "miss")]
