@@ -287,6 +287,10 @@ def plot(result: dict, path: Path) -> Path:
                 ax.annotate("n/a" if v is None else f"{v:.3g}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                             ha="center", va="bottom", fontsize=6)
         ax.set_xticks(x, names, fontsize=8)
+        got = [v for lg in langs for k in ("a", "b") if (v := (by.get((metric, lg)) or {}).get(k))]
+        if metric == "pseudo_perplexity" and got and max(got) / min(got) > 20:   # values orders of magnitude apart
+            ax.set_yscale("log")
+            title += ", log scale"
         ax.set_title(title)
         ax.legend(fontsize=8)
     a, b = (_short_label(lbl) for lbl in result["labels"])
