@@ -30,11 +30,12 @@ POOL = "mlm-process"
 DEPLOYMENT = "default"            # every deployment is named <flow name>/default
 DEFAULT_CONFIG = "configs/demo.yaml"
 COMPARE_CONFIG = "configs/adapt.yaml"
+SWEEP_FILE = "configs/sweeps/demo.yaml"     # mlm-sweep: a sweep file, not a pipeline config
 CRON = "0 2 * * *"                # nightly, 02:00 UTC
 TIMEZONE = "UTC"
 
 _HEADER = """\
-# Prefect deployments of mlm-pipeline. GENERATED from flows/pipeline.py (pipeline + STAGE_FLOWS) and flows/compare.py by
+# Prefect deployments of mlm-pipeline. GENERATED from flows/pipeline.py (pipeline + STAGE_FLOWS), flows/compare.py and flows/sweep.py by
 #   mlm deploy --write-yaml
 # and kept in sync by tests/test_servers.py; edit flows/deploy.py (render_prefect_yaml), not this file,
 # for anything that must survive a regeneration.
@@ -49,13 +50,16 @@ _HEADER = """\
 
 
 def flow_specs() -> list[tuple[str, str, str]]:
-    """``(flow name, entrypoint, description)`` for the full pipeline, every stage flow in order, then mlm-compare."""
+    """``(flow name, entrypoint, description)`` for the full pipeline, every stage flow in order, mlm-compare, mlm-sweep."""
     from flows.compare import compare_flow
     from flows.pipeline import STAGE_FLOWS, pipeline
 
     flows = [pipeline, *STAGE_FLOWS.values()]
+    from flows.sweep import sweep_flow
+
     return [(f.name, f"flows/pipeline.py:{f.fn.__name__}", f.description or "") for f in flows] + \
-        [(compare_flow.name, f"flows/compare.py:{compare_flow.fn.__name__}", compare_flow.description or "")]
+        [(compare_flow.name, f"flows/compare.py:{compare_flow.fn.__name__}", compare_flow.description or "")] + \
+        [(sweep_flow.name, f"flows/sweep.py:{sweep_flow.fn.__name__}", sweep_flow.description or "")]
 
 
 def render_config() -> dict:
@@ -70,8 +74,9 @@ def render_config() -> dict:
             "description": description,
             "tags": ["mlm"],
             # mlm-compare: before vs after of the adapt demo (its other parameters have defaults too)
-            "parameters": {"config_path": COMPARE_CONFIG if entrypoint.startswith("flows/compare.py")
-                           else DEFAULT_CONFIG},
+            "parameters": ({"sweep_path": SWEEP_FILE} if entrypoint.startswith("flows/sweep.py") else
+                           {"config_path": COMPARE_CONFIG if entrypoint.startswith("flows/compare.py")
+                            else DEFAULT_CONFIG}),
             "work_pool": {"name": POOL},
             "schedules": [{"cron": CRON, "timezone": TIMEZONE, "active": False}],
         })

@@ -133,7 +133,8 @@ def test_cli_surface_is_frozen():
     from flows.cli import build_parser
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert sorted(sub.choices) == sorted(["run", "status", "verify", "stats", "fill-mask", "evaluate", "audit",
-                                          "compare", "config", "serve", "deploy", "sync", "promote", "rollback"])
+                                          "compare", "config", "serve", "deploy", "sync", "promote", "rollback",
+                                          "sweep", "report"])
     run_opts = {o for a in sub.choices["run"]._actions for o in a.option_strings}
     assert {"--only", "--from", "--force", "--set"} <= run_opts
     opts = lambda p: {o for a in p._actions for o in a.option_strings}  # noqa: E731
@@ -146,6 +147,7 @@ def test_cli_surface_is_frozen():
         assert {"--alias", "--reason", "--config"} <= opts(sub.choices[cmd])
     assert {"--version", "--force"} <= opts(sub.choices["promote"])
     assert {"--config", "--set", "--out", "--json"} <= opts(sub.choices["compare"])   # mlm compare A B --config C
+    assert {"--dry-run", "--concurrency"} <= opts(sub.choices["sweep"])   # mlm sweep SWEEP.yaml (issue 12)
     status_config = next(a for a in sub.choices["status"]._actions if a.dest == "config")
     assert status_config.nargs == "?"                           # `mlm status` alone finds ./mlm.yaml or configs/*.yaml
 

@@ -161,8 +161,11 @@ def test_prefect_yaml_in_sync_with_stage_flows():
     assert have == want, f"{PREFECT_FILE} differs from flows/deploy.py:render_config(); run `mlm deploy --write-yaml`"
     for d in have["deployments"]:
         assert d["work_pool"]["name"] == "mlm-process"
-        assert d["parameters"]["config_path"] == ("configs/adapt.yaml" if d["entrypoint"].startswith("flows/compare.py")
-                                                  else "configs/demo.yaml")
+        if d["entrypoint"].startswith("flows/sweep.py"):     # mlm-sweep's parameter is a sweep file
+            assert d["parameters"]["sweep_path"] == "configs/sweeps/demo.yaml"
+        else:
+            assert d["parameters"]["config_path"] == ("configs/adapt.yaml" if d["entrypoint"].startswith(
+                "flows/compare.py") else "configs/demo.yaml")
         assert d["schedules"] and all(s["active"] is False and s["cron"] for s in d["schedules"])
     step = have["pull"][0]["prefect.deployments.steps.set_working_directory"]
     assert step["directory"] == "{{ $PWD }}"
