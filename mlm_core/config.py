@@ -415,6 +415,13 @@ class FinetuneConfig(Section):
         json_schema_extra={"effect": "output"})
     max_train_examples: int | None = Field(default=2000, ge=1, description="Cap on source training examples (None = all).",
         json_schema_extra={"effect": "output"})
+    primary_metric: Literal["accuracy", "macro_f1"] = Field(
+        default="accuracy", description="The metric early stopping maximizes on the held-out split or fold.",
+        json_schema_extra={"effect": "output"})
+    cv: bool = Field(default=False, description="Sentence classification, for small source sets: also run stratified "
+        "k-fold cross-validation on the source training file (fold i tests, fold i+1 is early stopping's held-out fold, "
+        "the rest train); reports mean ± std of accuracy and macro-F1 over the folds.", json_schema_extra={"effect": "output"})
+    cv_folds: int = Field(default=5, ge=3, description="k of the cross-validation.", json_schema_extra={"effect": "output"})
 
 
 class TransferTask(Section):
@@ -450,6 +457,13 @@ class EvaluateConfig(Section):
     retrieval_layer: int = Field(default=-1, description="Hidden layer mean-pooled for retrieval (-1 = last).",
         json_schema_extra={"effect": "output"})
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="Fine-tuning options.")
+    efficiency: bool = Field(default=True, description="Measure parameters, latency at batch 1 (p50/p95), throughput at "
+        "batch 32 and peak memory at seq_len 128 and 512 of the model, on the device named in the report.",
+        json_schema_extra={"effect": "output"})
+    efficiency_repeats: int = Field(default=5, ge=1, description="Timed forward passes per latency / throughput figure "
+        "(after one warm-up pass); more = steadier percentiles, longer evaluate.", json_schema_extra={"effect": "output"})
+    efficiency_device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="Device the efficiency figures "
+        "are measured on (auto: CUDA when available, else CPU).", json_schema_extra={"effect": "output"})
 
 
 class AuditConfig(Section):
@@ -489,6 +503,14 @@ class GatesConfig(Section):
     min_rtd_auc: float | None = Field(
         default=None, ge=0, le=1, description="ELECTRA: minimum ROC AUC of the discriminator's replaced-token "
         "logits on held-out rows, in every language (0.5 = chance).", json_schema_extra={"effect": "output"})
+    max_p95_latency_ms: float | None = Field(default=None, gt=0, description="Maximum p95 inference latency at batch 1 "
+        "(ms; evaluate's efficiency report, on the device it names).", json_schema_extra={"effect": "output"})
+    min_throughput: float | None = Field(default=None, gt=0, description="Minimum inference throughput at batch 32 "
+        "(sequences/s).", json_schema_extra={"effect": "output"})
+    max_peak_memory_mb: float | None = Field(default=None, gt=0, description="Maximum peak inference memory (MB) at the "
+        "longest measured seq_len (512, or 128 when the model is shorter).", json_schema_extra={"effect": "output"})
+    max_parameters: int | None = Field(default=None, ge=1, description="Maximum number of model parameters.",
+        json_schema_extra={"effect": "output"})
 
 
 class RegistryConfig(Section):

@@ -9,7 +9,9 @@ missing; nothing is read as zero):
     {"intrinsic": {lang: {"top1", "baseline_top1", "top1_over_baseline_ci_low", "ece", "rtd_acc"?,
                           "rtd_baseline_acc"?, "rtd_auc"?,
                           "missing"?: bool | reason}},
-     "transfer": {task: {"source_score", "targets": {lang: {"score", "missing"?}}}}}
+     "transfer": {task: {"source_score", "targets": {lang: {"score", "missing"?}}}},
+     "efficiency": {"device", "parameters", "latency_ms": {"p95"}, "throughput": {"sequences_per_s"},
+                    "peak_memory_mb": {seq_len: MB}}}
 Audit shape: {"crows": {lang: {"metric_score"}}}.
 """
 from __future__ import annotations
@@ -162,6 +164,36 @@ def _transfer_gate(evaluation: dict, threshold: float) -> list:
     return [_check(name, gap, threshold, False, f"worst gap {task}/{lang} (source - target)")]
 
 
+def _largest_memory(eff: dict) -> float | None:
+    mem = eff.get("peak_memory_mb") if isinstance(eff.get("peak_memory_mb"), dict) else {}
+    known = [(int(k), _num(v)) for k, v in mem.items() if _num(v) is not None]
+    return max(known)[1] if known else None
+
+
+# efficiency gates: (config field, what, lower bound?, value from evaluate's "efficiency" report)
+_EFFICIENCY = (
+    ("max_p95_latency_ms", "p95 latency at batch 1 (ms)", False, lambda e: _num((e.get("latency_ms") or {}).get("p95"))),
+    ("min_throughput", "throughput at batch 32 (sequences/s)", True,
+     lambda e: _num((e.get("throughput") or {}).get("sequences_per_s"))),
+    ("max_peak_memory_mb", "peak memory at the longest measured seq_len (MB)", False, _largest_memory),
+    ("max_parameters", "parameters", False, lambda e: _num(e.get("parameters"))),
+)
+
+
+def _efficiency_gates(gates, evaluation: dict) -> list:
+    eff = evaluation.get("efficiency") if isinstance(evaluation, dict) else None
+    out = []
+    for field, what, lower, get in _EFFICIENCY:
+        threshold = getattr(gates, field, None)
+        if threshold is None:
+            continue
+        if not isinstance(eff, dict) or not eff:
+            out.append(GateResult(field, False, None, threshold, "no efficiency report (evaluate.efficiency is off)"))
+            continue
+        out.append(_check(field, get(eff), threshold, lower, f"{what} on {eff.get('device', '?')}"))
+    return out
+
+
 def evaluate_gates(gates, evaluation: dict, audit: dict) -> list[GateResult]:
     """Every declared gate (``gates``: a ``GatesConfig``; a None threshold is not declared and not listed).
 
@@ -171,7 +203,9 @@ def evaluate_gates(gates, evaluation: dict, audit: dict) -> list[GateResult]:
     discriminator): one result per evaluated language; a language marked
     ``missing`` fails with "no held-out data". max_crows_deviation: one per audited language,
     |metric score − 50|. max_transfer_gap: one result, the largest source − target score over tasks and
-    target languages. A gate whose input is absent fails with a detail naming what is absent.
+    target languages. max_p95_latency_ms, min_throughput, max_peak_memory_mb, max_parameters: one result each,
+    from evaluate's "efficiency" report (the detail names the device). A gate whose input is absent fails with
+    a detail naming what is absent.
     """
     evaluation, audit = evaluation or {}, audit or {}
     out: list[GateResult] = []
@@ -196,6 +230,7 @@ def evaluate_gates(gates, evaluation: dict, audit: dict) -> list[GateResult]:
         out += _crows_gates(audit, gates.max_crows_deviation)
     if gates.max_transfer_gap is not None:
         out += _transfer_gate(evaluation, gates.max_transfer_gap)
+    out += _efficiency_gates(gates, evaluation)
     return out
 
 

@@ -120,7 +120,25 @@ def _evaluation_section(ev: dict) -> list[str]:
             gap = transfer_gap(src, score) if isinstance(src, (int, float)) and isinstance(score, (int, float)) else None
             rows.append([task, lang, score, gap])
     out += _table(["task", "language", "score", "gap (source − target)"], rows)
-    return out + [""]
+    return out + [""] + _efficiency_section(_get(ev, "efficiency") or {})
+
+
+def _efficiency_section(eff: dict) -> list[str]:
+    """Parameters, latency, throughput and peak memory (mlm_core.evaluate.efficiency), with the device."""
+    if not eff:
+        return []
+    lat, thr, mem = eff.get("latency_ms") or {}, eff.get("throughput") or {}, eff.get("peak_memory_mb") or {}
+    out = ["### Efficiency", "", f"Measured on {eff.get('device', DASH)} ({eff.get('device_kind', DASH)}, "
+           f"{eff.get('threads', DASH)} threads); inference forward of the encoder, {lat.get('repeats', DASH)} timed "
+           "passes per figure.", ""]
+    rows = [["parameters", f"{eff['parameters']:,}" if isinstance(eff.get("parameters"), int) else DASH],
+            [f"latency p50 / p95, batch 1, seq {lat.get('seq_len', DASH)} (ms)",
+             f"{_fmt(lat.get('p50'), 2)} / {_fmt(lat.get('p95'), 2)}"],
+            [f"throughput, batch {thr.get('batch', DASH)}, seq {thr.get('seq_len', DASH)} (sequences/s)",
+             _fmt(thr.get("sequences_per_s"), 1)]]
+    rows += [[f"peak memory, batch {eff.get('memory_batch', DASH)}, seq {seq} (MB)", _fmt(v, 1)]
+             for seq, v in sorted(mem.items(), key=lambda kv: int(kv[0]))]
+    return out + _table(["metric", "value"], rows) + [""]
 
 
 def _audit_section(audit: dict) -> list[str]:

@@ -177,9 +177,17 @@ def _evaluate_parameters(manifest: dict) -> dict:
 @register_tables("evaluate")
 def _evaluate_tables(out_dir: Path, options: dict) -> dict:
     import pyarrow.parquet as pq
+    import pandas as pd
     intr = pq.read_table(out_dir / "intrinsic.parquet").to_pandas()
+    # efficiency (mlm_core.evaluate.efficiency): one row, none when evaluate.efficiency is off
+    eff = _json(out_dir / "evaluation.json").get("efficiency") or {}
+    cols = ["parameters", "latency_p50_ms", "latency_p95_ms", "throughput_seq_s"]
+    rows = [{"parameters": eff.get("parameters"), "latency_p50_ms": (eff.get("latency_ms") or {}).get("p50"),
+             "latency_p95_ms": (eff.get("latency_ms") or {}).get("p95"),
+             "throughput_seq_s": (eff.get("throughput") or {}).get("sequences_per_s")}] if eff else []
     return {"intrinsic": intr[~intr["missing"]].reset_index(drop=True), "languages": intr[["lang"]],
-            "transfer": pq.read_table(out_dir / "transfer.parquet").to_pandas()}
+            "transfer": pq.read_table(out_dir / "transfer.parquet").to_pandas(),
+            "efficiency": pd.DataFrame(rows, columns=cols).astype("float64")}
 
 
 @register_tables("audit")

@@ -29,6 +29,10 @@ def evaluate_model(model_dir: Path, shards_dir: Path, normalize_dir: Path | None
         result["transfer"] = run_transfer(model_dir, cfg, lc.base_dir, lc.config.seed)
     else:
         result["transfer"] = {}
+    if cfg.efficiency:          # parameters, latency, throughput, peak memory (efficiency.py)
+        from mlm_core.evaluate.efficiency import measure_model_dir
+        result["efficiency"] = measure_model_dir(model_dir, cfg.efficiency_repeats, cfg.efficiency_device,
+                                                 lc.config.seed)
     return result
 
 
@@ -55,7 +59,8 @@ def transfer_rows(result: dict) -> list[dict]:
                 continue
             rows.append({"task": task, "lang": lang, "score": r.get("score"),
                          "source_score": t.get("source_score", r.get("source_score")),
-                         "gap": r.get("gap"), "majority_baseline": r.get("majority_baseline")})
+                         "gap": r.get("gap"), "majority_baseline": r.get("majority_baseline"),
+                         "macro_f1": r.get("macro_f1")})
     return rows
 
 
@@ -68,9 +73,16 @@ def flat_metrics(result: dict) -> dict[str, float]:
             if isinstance(row.get(k), (int, float)):
                 out[f"{row['lang']}.{k}"] = float(row[k])
     for row in transfer_rows(result):
-        for k in ("score", "gap"):
+        for k in ("score", "gap", "macro_f1"):
             if isinstance(row.get(k), (int, float)):
                 out[f"{row['task']}.{row['lang']}.{k}"] = float(row[k])
+    for task, t in sorted(result.get("transfer", {}).items()):       # cross-validation: mean and std over folds
+        for m, v in ((t.get("cv") or {}) if isinstance(t, dict) else {}).items():
+            if isinstance(v, dict) and {"mean", "std"} <= set(v):
+                out[f"{task}.cv.{m}.mean"], out[f"{task}.cv.{m}.std"] = float(v["mean"]), float(v["std"])
+    if result.get("efficiency"):
+        from mlm_core.evaluate.efficiency import flat
+        out |= flat(result["efficiency"])
     return out
 
 
@@ -83,10 +95,12 @@ def run_evaluate(lc, upstream: dict, out_dir: Path) -> dict:
     intrinsic = intrinsic_rows(result)
     pq.write_table(pa.Table.from_pylist(intrinsic), out_dir / "intrinsic.parquet")
     schema = pa.schema([("task", pa.string()), ("lang", pa.string()), ("score", pa.float64()),
-                        ("source_score", pa.float64()), ("gap", pa.float64()), ("majority_baseline", pa.float64())])
+                        ("source_score", pa.float64()), ("gap", pa.float64()), ("majority_baseline", pa.float64()),
+                        ("macro_f1", pa.float64())])
     pq.write_table(pa.Table.from_pylist(transfer_rows(result), schema=schema), out_dir / "transfer.parquet")
     missing = [r["lang"] for r in intrinsic if r["missing"]]
     return {"mlm_model": result.get("mlm_model", "model"),
             "languages": {r["lang"]: {k: v for k, v in r.items() if k != "lang"} for r in intrinsic},
             "missing_languages": missing, "transfer": transfer_rows(result), "metrics": flat_metrics(result),
+            "efficiency": result.get("efficiency"),
             "counts": {"languages": len(intrinsic), "missing": len(missing)}}

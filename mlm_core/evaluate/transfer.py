@@ -13,6 +13,10 @@ relative to ``base_dir`` (the config file's folder), a seed. Out: ``run_transfer
   no word is scored wrong for lying past ``max_positions``. Per target, ``long_sentences`` and
   ``words_past_max_len`` say how many needed it (the words a single truncated input would have lost).
 - Sentence classification: mean of the non-pad hidden states -> linear head; accuracy.
+- Every target (both tasks) also reports macro-F1 and per-class (UPOS: per-tag) precision, recall and F1
+  (``protocols.per_class_prf``); early stopping maximizes ``finetune.primary_metric`` (accuracy or macro_f1).
+  With ``finetune.cv`` classification adds stratified k-fold cross-validation on the source file ("cv":
+  per fold and mean ± std; ``classification_cv``).
 - Per target: ``score``, ``source_score``, ``gap`` = source_score − score (``gates.transfer_gap``: positive = lost in transfer),
   ``majority_baseline`` (the most frequent source training label predicted everywhere, scored on
   the target) and ``unseen_labels`` (target gold labels never seen in the source training data: they
@@ -45,6 +49,7 @@ from mlm_core.config import EvaluateConfig, FinetuneConfig, TransferTask
 from mlm_core.evaluate.conll import ConllError, read_aligned, read_labeled, read_tagged
 from mlm_core.gates import transfer_gap
 from mlm_core.evaluate.finetune import IGNORE, Example, attention_segments, build_task_model, collate, fit, mean_pool
+from mlm_core.evaluate.protocols import cross_validate, per_class_prf, primary_score
 
 log = logging.getLogger(__name__)
 
@@ -176,9 +181,11 @@ def accuracy(pred: list[str | None], gold: list[str]) -> float:
 
 
 def target_report(pred: list[str | None], gold: list[str], source_labels: set[str], majority: str) -> dict:
-    """score, majority baseline, n, unseen labels (gold labels absent from the source training data)."""
+    """score (accuracy), macro-F1 and per-class precision/recall/F1 (``protocols.per_class_prf``), majority
+    baseline, n, unseen labels (gold labels absent from the source training data)."""
     unseen = Counter(g for g in gold if g not in source_labels)
-    return {"score": round(accuracy(pred, gold), 5),
+    prf = per_class_prf(pred, gold)
+    return {"score": round(accuracy(pred, gold), 5), "macro_f1": prf["macro_f1"], "per_class": prf["per_class"],
             "majority_baseline": round(accuracy([majority] * len(gold), gold), 5), "n": len(gold),
             "unseen_labels": {"count": sum(unseen.values()), "labels": sorted(unseen)}}
 
@@ -201,6 +208,7 @@ def finish_report(kind: str, task: TransferTask, res, targets: dict[str, dict], 
         t["source_score"] = source_score
         t["gap"] = round(transfer_gap(source_score, t["score"]), 5)
     return {"task": kind, "metric": "accuracy", "source_lang": task.source_lang, "source_score": source_score,
+            "source_macro_f1": src.get("macro_f1"),
             "source_score_on": source_on, "n_source_test": src["n"], "source_majority_baseline": source_majority,
             "validation_score": round(res.best_score, 5), "n_train": n_train, "n_validation": n_val,
             "labels": labels, "majority_label": majority, "best_epoch": res.best_epoch,
@@ -263,7 +271,8 @@ def run_upos(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path,
     val_enc = encode_words(tok, [s.tokens for s in val], L)
     val_gold = [t for s in val for t in s.upos]
     tagger = build_task_model(model, len(labels), "token", ft, seed)
-    res = fit(tagger, train_ex, lambda m: accuracy(predict_tags(m, val_enc, labels, pad), val_gold), ft, seed, pad)
+    res = fit(tagger, train_ex, lambda m: primary_score(ft.primary_metric, predict_tags(m, val_enc, labels, pad),
+                                                         val_gold), ft, seed, pad)
     targets = {}
     for lang, path in task.targets.items():
         sents = read_tagged(base_dir / path, lang)
@@ -314,7 +323,8 @@ def run_classification(model, tok, task: TransferTask, ft: FinetuneConfig, base_
     train_ex = [Example(ids, label_id[lab]) for ids, (_, lab) in zip(train_ids, train)]
     val_ids, val_gold = encode_texts(tok, [t for t, _ in val], L), [lab for _, lab in val]
     clf = build_task_model(model, len(labels), "mean", ft, seed)
-    res = fit(clf, train_ex, lambda m: accuracy(predict_classes(m, val_ids, labels, pad), val_gold), ft, seed, pad)
+    res = fit(clf, train_ex, lambda m: primary_score(ft.primary_metric, predict_classes(m, val_ids, labels, pad),
+                                                      val_gold), ft, seed, pad)
     targets = {}
     for lang, path in task.targets.items():
         data = read_labeled(base_dir / path, lang)
@@ -324,7 +334,36 @@ def run_classification(model, tok, task: TransferTask, ft: FinetuneConfig, base_
     if held_out:
         pred = predict_classes(clf, encode_texts(tok, [t for t, _ in test], L), labels, pad)
         source_test = target_report(pred, [lab for _, lab in test], set(labels), majority)
-    return finish_report("classification", task, res, targets, labels, majority, len(train), len(val), source_test)
+    report = finish_report("classification", task, res, targets, labels, majority, len(train), len(val), source_test)
+    if ft.cv:
+        report["cv"] = classification_cv(model, tok, task, ft, base_dir, seed)
+    return report
+
+
+def classification_cv(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path, seed: int) -> dict:
+    """Stratified k-fold cross-validation on the source training file (``protocols.cross_validate``)."""
+    L, pad = max_len_of(model), model.arch.pad_id
+    data = read_labeled(base_dir / task.train, task.source_lang)
+    if ft.max_train_examples is not None and len(data) > ft.max_train_examples:
+        data = random.Random(seed).sample(data, ft.max_train_examples)
+    labels = sorted({lab for _, lab in data})
+    label_id = {t: i for i, t in enumerate(labels)}
+    ids = encode_texts(tok, [t for t, _ in data], L)
+    examples = [Example(i, label_id[lab]) for i, (_, lab) in zip(ids, data)]
+
+    def run_fold(train, val, test, fold):
+        clf = build_task_model(model, len(labels), "mean", ft, seed + fold)
+        gold = lambda xs: [labels[e.labels] for e in xs]   # noqa: E731
+        val_ids = [e.ids for e in val]
+        res = fit(clf, train, lambda m: primary_score(ft.primary_metric, predict_classes(m, val_ids, labels, pad),
+                                                      gold(val)), ft, seed + fold, pad)
+        out = per_class_prf(predict_classes(clf, [e.ids for e in test], labels, pad), gold(test))
+        return {**out, "best_epoch": res.best_epoch, "validation_score": round(res.best_score, 5)}
+
+    cv = cross_validate(examples, [e.labels for e in examples], ft.cv_folds, seed, run_fold)
+    log.info("classification cv (k=%d, %d examples): accuracy %.4f ± %.4f, macro-F1 %.4f ± %.4f", ft.cv_folds,
+             len(examples), cv["accuracy"]["mean"], cv["accuracy"]["std"], cv["macro_f1"]["mean"], cv["macro_f1"]["std"])
+    return {"n": len(examples), "primary_metric": ft.primary_metric, **cv}
 
 
 # ---- retrieval -------------------------------------------------------------------------------------
