@@ -18,6 +18,7 @@ from mlm_core import stages
 from mlm_core.commands import run_command
 from mlm_core.configio import load_config
 from tasks import summary, sweep_link
+from tasks import engine
 from tasks.stage import run_stage
 from tasks.tracking import Tracker, check_tracking_server, pipeline_run_name, resolve_tracking_uri
 
@@ -54,8 +55,9 @@ def run_pipeline(config_path: str, overrides: list[str] | None = None, only: str
                                   parent_run_id=parent)
     name = None
     try:
-        for name in chosen:
-            results.append(run_stage(config_path, overrides, name, force=name in forced, parent_run_id=parent))
+        with engine.session():          # execution.engine dask without address: one LocalCluster for the run
+            for name in chosen:
+                results.append(run_stage(config_path, overrides, name, force=name in forced, parent_run_id=parent))
     except Exception:
         tracker.end_pipeline("FAILED")
         summarize(failed=name)

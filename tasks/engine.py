@@ -22,6 +22,7 @@ output as ``.failed-<fingerprint>``; the finished partitions stay for the rerun)
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -49,6 +50,26 @@ class EngineError(MlmError):
 def partition_task(job: dict) -> dict:
     """Process one partition (``mlm_core.partitions.run_partition``); a complete folder is reused."""
     return run_partition(job)
+
+
+_SESSION: dict | None = None      # inside ``session()``: LocalClusters kept for every stage of a pipeline run
+
+
+@contextlib.contextmanager
+def session():
+    """Around a pipeline run: partitioned stages share one LocalCluster (started at the first stage that needs
+    it, closed at the end) instead of starting one each (a few seconds per stage)."""
+    global _SESSION
+    if _SESSION is not None:
+        yield
+        return
+    _SESSION = {}
+    try:
+        yield
+    finally:
+        clusters, _SESSION = _SESSION, None
+        for c in clusters.values():
+            c.close()
 
 
 def mapper_for(lc, stage: str):
@@ -103,7 +124,7 @@ def check_cluster(client, workdir: Path, where: str) -> list[str]:
     mine = {k: str(val) for k, val in (v["client"]["packages"] or {}).items() if k in DASK_PACKAGES}
     dask_side = {a: {k: str(val) for k, val in (w["packages"] or {}).items() if k in DASK_PACKAGES}
                  for a, w in (v.get("workers") or {}).items()}
-    ours = client.run(_worker_versions)
+    ours = _run_everywhere(client, _worker_versions)
     problems = compare_versions({**mine, **_worker_versions()}, {a: {**dask_side.get(a, {}), **ours[a]} for a in ours})
     if problems:
         raise EngineError("execution.engine dask: worker libraries differ from this process's (outputs would not "
@@ -114,7 +135,7 @@ def check_cluster(client, workdir: Path, where: str) -> list[str]:
     probe = probe_dir / f"probe-{token[:12]}"
     probe.write_text(token, encoding="utf-8")
     try:
-        replies = client.run(_worker_probe, str(probe), token)
+        replies = _run_everywhere(client, _worker_probe, str(probe), token)
         bad = []
         for addr, got in sorted(replies.items()):
             if not got.startswith("/") or not Path(got).is_file():
@@ -126,6 +147,15 @@ def check_cluster(client, workdir: Path, where: str) -> list[str]:
         for f in probe_dir.glob(f"{probe.name}*"):
             f.unlink(missing_ok=True)
     return workers
+
+
+def _run_everywhere(client, fn, *args) -> dict:
+    """``fn(*args)`` on every worker; a worker where it raises is named with the error."""
+    got = client.run(fn, *args, on_error="return")
+    bad = [f"worker {a}: {type(r).__name__}: {r}" for a, r in sorted(got.items()) if isinstance(r, BaseException)]
+    if bad:
+        raise EngineError(f"the pre-flight check {fn.__name__} failed on Dask workers:\n  " + "\n  ".join(bad))
+    return got
 
 
 # ---------------------------------------------------------------- the Dask mapper
@@ -141,9 +171,14 @@ class DaskMapper:
         from prefect_dask import DaskTaskRunner
         if self.ex.address:
             return DaskTaskRunner(address=self.ex.address)
-        return DaskTaskRunner(cluster_kwargs={"n_workers": self.ex.workers, "threads_per_worker": 1,
-                                              "processes": True, "dashboard_address": None,
-                                              "silence_logs": logging.WARNING})
+        kwargs = {"n_workers": self.ex.workers, "threads_per_worker": 1, "processes": True,
+                  "dashboard_address": None, "silence_logs": logging.WARNING}
+        if _SESSION is None:
+            return DaskTaskRunner(cluster_kwargs=kwargs)      # this stage's own LocalCluster
+        if self.ex.workers not in _SESSION:                  # one LocalCluster for every stage of the run
+            from distributed import LocalCluster
+            _SESSION[self.ex.workers] = LocalCluster(**kwargs)
+        return DaskTaskRunner(cluster=_SESSION[self.ex.workers])
 
     def preflight(self) -> None:
         """An existing scheduler: reachable, workers alike and sharing the workdir, before any work (once)."""
@@ -213,8 +248,6 @@ def _lost_scheduler(exc: BaseException, runner) -> bool:
 def _api_settings():
     """The Prefect API this process talks to, made explicit in the settings every task carries to its worker:
     with the temporary server of `mlm run` no PREFECT_API_URL is set, and a worker would start its own."""
-    import contextlib
-
     from prefect.settings import PREFECT_API_URL, temporary_settings
     if PREFECT_API_URL.value():
         return contextlib.nullcontext()
