@@ -1,5 +1,6 @@
 """Two-"node" training on one machine (issue 10, part 2): two launches of the pipeline's own launcher
-(``mlm_core.train.distributed.launch``), each a separate process like a node agent, ``nnodes: 2``,
+(``mlm_core.train.distributed.launch``; node 1 through ``python -m mlm_core.train.join``, what a second machine
+runs while node 0 runs the pipeline), each a separate process like a node agent, ``nnodes: 2``,
 ``node_rank`` 0 and 1, one gloo process each, a c10d rendezvous on 127.0.0.1, one shared run folder.
 
 - after k steps the parameters equal the single-node 2-process run (the DDP test's tolerance, 1e-5);
@@ -76,19 +77,24 @@ def single_node(shards, tmp_path_factory):
 
 def _start_nodes(shards, work: Path, out: Path, port: int, module: str = "mlm_core.train.worker",
                  tag: str = "") -> list[tuple[subprocess.Popen, Path, Path]]:
+    """Node 0: the launcher as the pretrain stage calls it (node.py); node 1: ``python -m mlm_core.train.join``
+    on the shared folder, with node 0's arguments."""
     (work / "node.py").write_text(NODE)
     (work / "slow_worker.py").write_text(SLOW_WORKER)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(work), str(REPO)]), "OMP_NUM_THREADS": "1"}
+    cfg = tiny_cfg(distributed={"nproc_per_node": 1, "nnodes": 2, "node_rank": 0,
+                                "rdzv_endpoint": f"127.0.0.1:{port}", "timeout_s": 60}, **COMMON)
+    spec = work / f"node0{tag}.json"
+    spec.write_text(json.dumps({"args": _args(cfg, shards, out), "dist": cfg.distributed.model_dump(),
+                                "run_dir": str(out / "launch"), "module": module, "out": str(work / f"result0{tag}.json")}))
+    cmds = {0: [sys.executable, str(work / "node.py"), str(spec)],
+            1: [sys.executable, "-m", "mlm_core.train.join", str(out / "launch"), "--node-rank", "1",
+                "--module", module, "--wait", "120"]}
     nodes = []
-    for rank in (0, 1):
-        cfg = tiny_cfg(distributed={"nproc_per_node": 1, "nnodes": 2, "node_rank": rank,
-                                    "rdzv_endpoint": f"127.0.0.1:{port}", "timeout_s": 60}, **COMMON)
-        spec, res, log = work / f"node{rank}{tag}.json", work / f"result{rank}{tag}.json", work / f"node{rank}{tag}.log"
-        spec.write_text(json.dumps({"args": _args(cfg, shards, out), "dist": cfg.distributed.model_dump(),
-                                    "run_dir": str(out / "launch"), "module": module, "out": str(res)}))
-        with open(log, "wb") as fh:
-            p = subprocess.Popen([sys.executable, str(work / "node.py"), str(spec)], cwd=REPO, env=env,
-                                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    for rank, cmd in cmds.items():
+        res, log = work / f"result{rank}{tag}.json", work / f"node{rank}{tag}.log"
+        with open(log, "wb") as fh, open(res if rank else os.devnull, "wb") as fo:
+            p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fo if rank else fh, stderr=fh, start_new_session=True)
         nodes.append((p, res, log))
     return nodes
 
@@ -130,9 +136,8 @@ def test_two_nodes_equal_one_node_with_two_processes(shards, single_node, tmp_pa
     logs = [log.read_text(errors="replace")[-3000:] for _, _, log in nodes]
     assert rcs == [0, 0], logs
     print(f"\n2 nodes x 1 process, {STEPS} steps: {time.monotonic() - t0:.1f} s")
-    results = [json.loads(res.read_text()) for _, res, _ in nodes]
-    assert results[0] == results[1]                      # every node returns rank 0's result
-    got = results[0]
+    got, summary = (json.loads(res.read_text()) for _, res, _ in nodes)
+    assert summary == {k: got[k] for k in summary} and summary["completed"]     # node 1 has rank 0's result too
     assert got["step"] == ref["step"] == STEPS and got["tokens"] == ref["tokens"] == STEPS * 2 * 4 * 32
     diff = _max_diff(_params(ref["checkpoint"]), _params(got["checkpoint"]))
     assert diff < 1e-5, diff

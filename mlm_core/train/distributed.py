@@ -17,7 +17,9 @@ trainings on one endpoint do not. With the c10d backend the rendezvous numbers t
 ``node_rank``; rank 0 may run on any node) and node 0 hosts the rendezvous store; ``rdzv_backend: static``
 numbers them by ``node_rank``. Every node's ``launch`` returns rank 0's result, read from the shared folder.
 A SIGTERM to one node stops all ranks at the same step boundary (checkpoint first); every node then raises
-``signals.Interrupted``, and relaunching every node resumes from that checkpoint.
+``signals.Interrupted``, and relaunching every node resumes from that checkpoint. Through the pipeline: node 0
+runs ``mlm run``; every other node runs ``python -m mlm_core.train.join WORKDIR --node-rank R``
+(``join``: node 0's arguments from the shared folder).
 
 Worker: ``setup()`` reads RANK / WORLD_SIZE / LOCAL_RANK, picks the backend (gloo on CPU, nccl on CUDA)
 and calls ``init_process_group`` with the timeout. ``wrap_model`` returns DDP, or the module sharded
@@ -295,5 +297,46 @@ def _wait_result(path: Path, timeout_s: float) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-__all__ = ["DistributedTrainingError", "launch", "rendezvous_id", "setup", "teardown", "wrap_model", "all_reduce_sum",
+# ------------------------------------------------------------------------------------------------ other nodes
+def _fresh_args(root: Path) -> Path | None:
+    """The newest worker-args.json node 0 wrote under ``root`` (a launch folder, or a workdir:
+    ``pretrain-checkpoints/*/launch/``) that is younger than its own rendezvous timeout: an older one is a past
+    attempt whose node 0 no longer waits."""
+    direct = root / "worker-args.json"
+    cands = [direct] if direct.is_file() else list(root.glob("pretrain-checkpoints/*/launch/worker-args.json"))
+    for mtime, path in sorted(((p.stat().st_mtime, p) for p in cands), reverse=True):
+        try:
+            timeout = json.loads(path.read_text(encoding="utf-8"))["config"]["distributed"]["timeout_s"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if time.time() - mtime <= timeout:
+            return path
+    return None
+
+
+def join(root: Path, node_rank: int, *, wait_s: float = 600, module: str = "mlm_core.train.worker") -> dict:
+    """Run node ``node_rank`` of a multi-node pretrain whose node 0 runs the pipeline (``mlm run``).
+
+    Node 0's pretrain stage writes ``worker-args.json`` into the shared launch folder, then waits for the
+    other nodes in the rendezvous. Running ``mlm run`` on the other nodes too would not do: they would wait for
+    node 0's locks on the shared workdir. Instead each runs ``python -m mlm_core.train.join
+    WORKDIR_OR_LAUNCH_FOLDER --node-rank R``, which waits (``wait_s``) for node 0's arguments and launches
+    this node's processes with them; returns rank 0's result."""
+    root, t0 = Path(root), time.monotonic()
+    while (path := _fresh_args(root)) is None:
+        if time.monotonic() - t0 > wait_s:
+            raise DistributedTrainingError(f"no worker-args.json from node 0 under {root} within {wait_s:.0f} s: "
+                                           "start `mlm run` on node 0 (nnodes > 1) with the same shared workdir")
+        time.sleep(1.0)
+    args = json.loads(path.read_text(encoding="utf-8"))
+    args.pop("result_file", None)
+    from mlm_core.config import DistributedConfig
+    dist = DistributedConfig.model_validate({**args["config"]["distributed"], "node_rank": node_rank})
+    if dist.nnodes < 2 or not 0 < node_rank < dist.nnodes:
+        raise DistributedTrainingError(f"{path}: nnodes is {dist.nnodes}, so --node-rank must be in 1..{dist.nnodes - 1}")
+    log.info("node %d joins the training of %s", node_rank, path)
+    return launch(args, dist, path.parent, module=module)
+
+
+__all__ = ["DistributedTrainingError", "launch", "join", "rendezvous_id", "setup", "teardown", "wrap_model", "all_reduce_sum",
            "env_ranks", "torchrun_command", "METRICS_PREFIX", "HEARTBEAT_PREFIX"]
