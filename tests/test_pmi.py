@@ -264,3 +264,37 @@ def test_pmi_without_vocabulary_is_a_clear_error(tmp_path):
         load_collocations(tmp_path)
     with pytest.raises(Exception, match="tokenizer.pmi_vocab"):
         load_config(raw={"sources": {"en": {"paths": [__file__]}}, "pretrain": {"masking": {"strategy": "pmi"}}})
+
+
+# ---------------------------------------------------------------------------------------------- through the pipeline
+def test_pipeline_pretrains_and_evaluates_with_pmi_masking(tmp_path, one_torch_thread):
+    """normalize -> tokenizer (with the PMI vocabulary) -> shards -> pretrain (strategy pmi) -> evaluate: the
+    pretrain stage finds the vocabulary of the tokenizer that encoded its shards; evaluate reports efficiency."""
+    import json
+
+    from conftest import REPO
+    from mlm_core.stages import execute, plan
+    sources = {}
+    for lang in ("en", "fr"):
+        lines = (REPO / "configs/demo/corpus" / f"{lang}.txt").read_text(encoding="utf-8").splitlines()[:300]
+        (tmp_path / f"{lang}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        sources[lang] = {"paths": [str(tmp_path / f"{lang}.txt")]}
+    lc = load_config(raw={
+        "workdir": str(tmp_path / "work"), "seed": 3, "sources": sources, "normalize": {"workers": 1},
+        "tokenizer": {"algorithm": "wordpiece", "vocab_size": 700, "heldout_docs": 10, "sample_mb": 1.0,
+                      "min_vocab_fraction": 0.1, "max_unk_rate": 0.5, "max_fertility": 20.0,
+                      "pmi_vocab": 40, "pmi_min_count": 3},
+        "shards": {"seq_len": 32, "validation_fraction": 0.15, "workers": 1, "rows_per_shard": 64},
+        "pretrain": {"steps": 3, "batch_size": 4, "model": {"size": "tiny", "max_positions": 64},
+                     "masking": {"strategy": "pmi"}},
+        "evaluate": {"max_sequences": 4, "pll_sentences": 0, "efficiency_repeats": 2}})
+    plans = plan(lc)
+    arts = {name: execute(lc, name, plans)[0] for name in ("normalize", "tokenizer", "shards", "pretrain", "evaluate")}
+    pmi = arts["tokenizer"].manifest["pmi"]
+    assert set(pmi["languages"]) == {"en", "fr"} and all(v["kept"] > 0 for v in pmi["languages"].values())
+    assert (arts["tokenizer"].path / "pmi_ngrams.parquet").is_file()
+    assert arts["pretrain"].manifest.get("steps", 3) == 3
+    ev = json.loads((arts["evaluate"].path / "evaluation.json").read_text(encoding="utf-8"))
+    eff = ev["efficiency"]
+    assert eff["parameters"] > 0 and eff["latency_ms"]["p50"] <= eff["latency_ms"]["p95"]
+    assert arts["evaluate"].manifest["metrics"]["efficiency.latency_p95_ms"] == eff["latency_ms"]["p95"]
