@@ -7,7 +7,8 @@ to a temporary folder and read through ``ShardDataset`` / ``LanguageSampler`` as
     .venv/bin/python benchmarks/train_throughput.py                          # CPU, small, seq 128, batch 32, fp32
     python benchmarks/train_throughput.py --device cuda --size base --dtype bf16 --batch 64
 
-Measured (median seconds per step over --steps timed steps after --warmup):
+Measured (median seconds per step over --steps timed steps after --warmup; (a), (a'), (b), (b') are timed in
+turn, one step each per round, so the machine's load changes hit all four alike):
   (a) ours   MLMEncoder forward (MLM head on the masked positions only) + backward + AdamW step, eager
   (a') ours compiled: the same through ``mlm_core.train.compiled`` (pretrain.compile: the fixed masked-position
              budget graph, torch.compile fullgraph, static shapes) and the fused AdamW kernel, as the loop runs it
@@ -124,7 +125,31 @@ def opt_kw(device, compiled: bool) -> dict:
     return {"fused": True} if device.type == "cuda" or compiled else {"foreach": True}
 
 
-def bench_ours(arch, data, device, dtype, warmup, steps, compiled=False, first=None) -> float:
+def round_robin(steps: dict, device, warmup: int, n: int) -> tuple[dict, dict]:
+    """({name: median seconds}, {name: first-call seconds}): each step function warmed up (its first call is
+    the compile), then timed one step each in turn, ``n`` rounds: on a shared machine, load changes hit every
+    contender alike instead of whichever happened to run then."""
+    first = {}
+    for name, step in steps.items():
+        for i in range(warmup):
+            t0 = time.perf_counter()
+            step()
+            sync(device)
+            if i == 0:
+                first[name] = time.perf_counter() - t0
+        print(f"{name}: warm (first step {first[name]:.1f} s)", flush=True)
+    times = {name: [] for name in steps}
+    for _ in range(n):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}, first
+
+
+def bench_ours(arch, data, device, dtype, compiled=False):
+    """A closure running one training step of ours."""
     from mlm_core.config import MaskingConfig
     from mlm_core.model import MLMEncoder
     from mlm_core.train.compiled import CompiledForward
@@ -141,10 +166,10 @@ def bench_ours(arch, data, device, dtype, warmup, steps, compiled=False, first=N
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return time_steps(step, device, warmup, steps, first)
+    return step
 
 
-def bench_hf(arch, data, device, dtype, warmup, steps, compiled=False, first=None) -> float:
+def bench_hf(arch, data, device, dtype, compiled=False):
     from transformers import BertConfig, BertForMaskedLM
 
     from mlm_core.model.export import hf_config
@@ -164,7 +189,7 @@ def bench_hf(arch, data, device, dtype, warmup, steps, compiled=False, first=Non
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return time_steps(step, device, warmup, steps, first)
+    return step
 
 
 def bench_loop(size, shards_dir, args) -> dict:
@@ -221,20 +246,18 @@ def main(argv=None) -> int:
         fpt = MLMEncoder(arch).flops_per_token(args.seq, 0.15)
         peak = matmul_peak(device, dtype, 4096 if device.type == "cpu" else 8192)
         print(f"measured matmul peak ({args.dtype}): {peak / 1e9:,.1f} GFLOP/s", flush=True)
-        comp = {"ours": [], "hf": []}                             # first-call seconds (compile) of the compiled rows
-        t_ours = bench_ours(arch, data, device, dtype, args.warmup, args.steps)
-        print(f"ours: {t_ours:.3f} s/step", flush=True)
-        t_ours_c = None if args.no_compile else bench_ours(arch, data, device, dtype, args.warmup, args.steps,
-                                                           compiled=True, first=comp["ours"])
-        if t_ours_c:
-            print(f"ours compiled: {t_ours_c:.3f} s/step (compile {comp['ours'][0]:.0f} s)", flush=True)
-        t_hf = None if args.skip_hf else bench_hf(arch, data, device, dtype, args.warmup, args.steps)
-        if t_hf:
-            print(f"hf:   {t_hf:.3f} s/step", flush=True)
-        t_hf_c = None if args.skip_hf or args.no_compile else bench_hf(arch, data, device, dtype, args.warmup,
-                                                                        args.steps, compiled=True, first=comp["hf"])
-        if t_hf_c:
-            print(f"hf compiled: {t_hf_c:.3f} s/step (compile {comp['hf'][0]:.0f} s)", flush=True)
+        steps = {"ours": bench_ours(arch, data, device, dtype)}
+        if not args.no_compile:
+            steps["ours compiled"] = bench_ours(arch, data, device, dtype, compiled=True)
+        if not args.skip_hf:
+            steps["hf"] = bench_hf(arch, data, device, dtype)
+            if not args.no_compile:
+                steps["hf compiled"] = bench_hf(arch, data, device, dtype, compiled=True)
+        med, first = round_robin(steps, device, args.warmup, args.steps)
+        for name, t in med.items():
+            print(f"{name}: {t:.3f} s/step", flush=True)
+        t_ours, t_ours_c, t_hf, t_hf_c = (med.get(k) for k in ("ours", "ours compiled", "hf", "hf compiled"))
+        comp = {"ours": [first["ours compiled"]] if t_ours_c else [], "hf": [first["hf compiled"]] if t_hf_c else []}
         loop = bench_loop(args.size, shards, args)
         # masking cost of one batch, measured on its own too
         b = ds.get_batch("train", "fr", np.arange(args.batch))
