@@ -104,10 +104,12 @@ def render_markdown(plan: dict, runs, tables: dict[str, list[dict]], figures: di
     seeds = sorted({r.seed for r in runs})
     variants = list(dict.fromkeys(r.variant for r in runs))
     done = sum(r.complete for r in runs)
-    out = [f"# Sweep report: {name}", ""]
+    out = [f"# Sweep report: {name}", ""] + ([plan["description"], ""] if plan.get("description") else [])
+    steps = plan.get("matched_steps") or {}
     out += [f"- base config: `{plan.get('base', '?')}`",
             f"- variants: {', '.join(variants)}; baseline: **{plan.get('baseline') or 'none'}**",
-            f"- seeds: {seeds}; budget match: {plan.get('match') or 'none'}",
+            f"- seeds: {seeds}; budget match: {plan.get('match') or 'none'}"
+            + (" (pretrain.steps: " + ", ".join(f"{k} {v}" for k, v in steps.items()) + ")" if steps else ""),
             f"- runs complete: {done} of {len(runs)}",
             f"- built {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from stored outputs (nothing trained)", ""]
     missing = [r for r in runs if r.missing_stages]
