@@ -84,8 +84,9 @@ def use_compile(cfg, device: torch.device, world_size: int) -> tuple[bool, str]:
     why = compile_support(device)
     if why is not None:
         if setting == "on":
-            raise RuntimeError(f"pretrain.compile: on, but torch.compile cannot run here: {why} "
-                               "(set pretrain.compile: auto or off)")
+            from mlm_core.errors import MlmError     # a problem the user fixes in the config
+            raise MlmError(f"pretrain.compile: on, but torch.compile cannot run here: {why} "
+                           "(set pretrain.compile: auto or off)")
         return False, why
     if setting == "auto" and cfg.steps * cfg.grad_accum < AUTO_MIN_MICRO_STEPS:
         return False, (f"pretrain.compile: auto, {cfg.steps * cfg.grad_accum} micro-steps < {AUTO_MIN_MICRO_STEPS}: "
