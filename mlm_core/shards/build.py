@@ -156,8 +156,11 @@ def process_shards(lc, upstream: dict, part: dict, out_dir: Path) -> dict:
             masks.append(validation_of(hash_prefix_u32(b.column(1)), rows, part["cut"]))
             yield lang, b.column(0)
 
+    import multiprocessing as mp
+    # a daemonic process (a pool or cluster worker) may not start its own pool: encode on the tokenizer's threads
+    workers = min(cfg.workers, IN_PROCESS_MAX_WORKERS) if mp.current_process().daemon else cfg.workers
     writer = PartWriter()
-    for _, enc in _encode_stream(tasks(), cfg.workers, str(tok_file), tok, layout.ids):
+    for _, enc in _encode_stream(tasks(), workers, str(tok_file), tok, layout.ids):
         if len(enc.ids) and int(enc.ids.max()) >= vocab_size:
             raise StageError(f"shards: {lang}: token id {int(enc.ids.max())} >= vocab_size {vocab_size}")
         val = masks.popleft()
