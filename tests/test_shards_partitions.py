@@ -109,7 +109,8 @@ def test_every_document_exactly_once_in_its_split(upstream):
     from tokenizers import Tokenizer
 
     from mlm_core.shards.reader import read_shard_file
-    m, path, _ = run_shards_with(upstream, partition_mb=0.0003)
+    m, path, n_parts = run_shards_with(upstream, partition_mb=0.0003)
+    assert n_parts > 3 * len(LANGS)
     lc = load_config(upstream)
     plans = stages.plan(lc)
     norm = StageStore(lc.workdir).load("normalize", plans["normalize"].fingerprint)
