@@ -179,7 +179,7 @@ class TokenizerConfig(Section):
         "paper: 800k). pretrain.masking.strategy pmi masks them.", json_schema_extra={"effect": "output"})
     pmi_min_count: int = Field(default=10, ge=2, description="Only n-grams seen at least this often are ranked (the paper: 10).",
         json_schema_extra={"effect": "output"})
-    pmi_memory_mb: int = Field(default=1024, ge=64, description="DuckDB memory limit of the n-gram count (it spills to disk beyond).",
+    pmi_memory_mb: int = Field(default=1024, ge=128, description="DuckDB memory limit of the n-gram count (it spills to disk beyond).",
         json_schema_extra={"effect": "none"})
 
 

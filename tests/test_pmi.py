@@ -298,3 +298,10 @@ def test_pipeline_pretrains_and_evaluates_with_pmi_masking(tmp_path, one_torch_t
     eff = ev["efficiency"]
     assert eff["parameters"] > 0 and eff["latency_ms"]["p50"] <= eff["latency_ms"]["p95"]
     assert arts["evaluate"].manifest["metrics"]["efficiency.latency_p95_ms"] == eff["latency_ms"]["p95"]
+
+
+def test_counts_do_not_depend_on_the_memory_limit(tmp_path):
+    from mlm_core.pmi import count_ngrams
+    write_docs(tmp_path, "en", planted_corpus(3000, seed=1))
+    path = tmp_path / "docs" / "en.parquet"
+    assert count_ngrams(path, 5, memory_mb=128) == count_ngrams(path, 5, memory_mb=2048)
