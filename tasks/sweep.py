@@ -97,7 +97,9 @@ def run_child(sweep, run, link: dict, api_url: str | None) -> tuple[int, Path]:
     env = {**os.environ, **sweep_link.env_for(link)}
     if api_url:
         env["PREFECT_API_URL"] = api_url
-    with open(out, "w", encoding="utf-8") as f:
+    with open(out, "a", encoding="utf-8") as f:    # appended: a resumed run's log follows the killed one's
+        f.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(child_command(sweep, run))}\n")
+        f.flush()
         proc = subprocess.Popen(child_command(sweep, run), stdout=f, stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         try:

@@ -224,3 +224,85 @@ def test_resume_after_stop_recomputes_no_finished_run(tmp_path, prefect_harness,
     runs = _runs(work, "resumetest")
     sweeps = [r for r in runs if r.data.tags.get("mlm.kind") == "sweep"]
     assert sorted(r.info.status for r in sweeps) == ["FAILED", "FINISHED"]
+
+
+def _procs_mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains ``text`` (to check that no run outlived the sweep)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+                state = next((x for x in (d / "status").read_text().splitlines() if x.startswith("State:")), "")
+            except OSError:
+                continue
+            if text in cmd and "Z" not in state.split()[1:2]:
+                out.append(int(d.name))
+    return out
+
+
+@pytest.mark.slow
+def test_cli_kill9_midway_then_rerun_finishes_with_concurrency(tmp_path):
+    """`mlm sweep` with concurrency 2 (each run an `mlm run` process) killed with SIGKILL after its first run is
+    stored: its runs stop too, and a rerun finishes the sweep without recomputing the stored run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    base = _base(tmp_path, "clitest")
+    f = _sweep(tmp_path, {"variants": [{"name": n, "set": {"pretrain.lr": lr}} for n, lr in
+                                       (("a", 0.001), ("b", 0.002), ("c", 0.003))], "seeds": [0], "concurrency": 2},
+               base=base)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {"HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "flows.cli", "sweep", str(f)]
+    plan_file = tmp_path / "work" / "sweeps" / "s" / "plan.json"
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 400
+    done: list[dict] = []
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(1)
+        try:
+            done = [v for v in json.loads(plan_file.read_text())["variants"] if v["status"] == "done"]
+        except (OSError, ValueError):
+            continue
+        if done:
+            break
+    assert done and proc.poll() is None, proc.stdout.read() if proc.poll() is not None else "no run finished"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    t0 = time.time()
+    while _procs_mentioning(str(base)) and time.time() - t0 < 60:   # the runs got SIGTERM: checkpoint, exit
+        time.sleep(0.5)
+    assert not _procs_mentioning(str(base)), "a run outlived the killed sweep"
+    store = StageStore(tmp_path / "work")
+    kept = {name: (store.out_dir(name, fp) / "manifest.json").stat().st_mtime_ns
+            for name, fp in done[0]["config_fingerprints"].items()}
+
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "pretrain   3 outputs for 3 runs: " in r.stdout and "normalize  1 output shared by 3 runs (done)" in r.stdout
+    assert {name: (store.out_dir(name, fp) / "manifest.json").stat().st_mtime_ns
+            for name, fp in done[0]["config_fingerprints"].items()} == kept      # the stored run: not recomputed
+    assert _stored(tmp_path / "work") == {name: 1 if name in ("normalize", "tokenizer", "shards") else 3
+                                          for name in stages.STAGES}
+    plan = json.loads(plan_file.read_text())
+    assert [v["status"] for v in plan["variants"]] == ["done"] * 3
+    # the child processes' pipeline runs are nested under the second sweep's MLflow run (or the first's, for
+    # runs it finished), tagged with their variant
+    runs = _runs(tmp_path / "work", "clitest")
+    sweeps = {r.info.run_id for r in runs if r.data.tags.get("mlm.kind") == "sweep"}
+    nested = [r for r in runs if r.data.tags.get("mlflow.parentRunId") in sweeps]
+    assert {r.data.tags["variant"] for r in nested if r.info.status == "FINISHED"} == {"a", "b", "c"}
+
+
+def test_flow_form_is_typed_and_described():
+    """The Prefect UI renders the mlm-sweep form from the flow's parameter schema."""
+    from flows.sweep import sweep_flow
+    props = sweep_flow.parameters.model_dump()["properties"]
+    assert set(props) == {"sweep_path", "dry_run", "concurrency"}
+    assert props["sweep_path"]["type"] == "string" and props["dry_run"]["type"] == "boolean"
+    assert {"type": "integer", "minimum": 1} in props["concurrency"]["anyOf"]
+    assert all(p.get("description") for p in props.values())
+    assert sweep_flow.name == "mlm-sweep"
