@@ -89,7 +89,8 @@ def config_context(lc) -> dict:
     with the workdir made absolute (a worker's current directory is not the driver's)."""
     cfg = lc.config.model_dump(mode="json", by_alias=True, exclude_unset=True)
     cfg["workdir"] = str(lc.workdir)
-    return {"config": cfg, "path": str(lc.path) if lc.path else None, "base_dir": str(lc.base_dir),
+    return {"config": cfg, "path": str(Path(lc.path).resolve()) if lc.path else None,
+            "base_dir": str(Path(lc.base_dir).resolve()),
             "overrides": list(lc.overrides)}
 
 

@@ -242,7 +242,8 @@ def _lost_scheduler(exc: BaseException, runner) -> bool:
         status = runner.client.status
     except Exception:      # noqa: BLE001 - a client that cannot say: treat as lost
         status = "closed"
-    return isinstance(exc, (FutureCancelledError, OSError, TimeoutError)) or status not in ("running", "newly-created")
+    # a partition's own error (bad input, a full disk) arrives with the client still connected: not this
+    return isinstance(exc, FutureCancelledError) or status not in ("running", "newly-created")
 
 
 def _api_settings():
