@@ -71,6 +71,10 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
 
     def one(rp) -> None:
         run = rp.run
+        if cfg.concurrency > 1:
+            from tasks.sweep import stopping
+            if stopping():        # the sweep is being stopped: leave the run pending
+                return
         with lock:
             status[run.key] = "running"
         save()
@@ -104,16 +108,15 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
          + (f", {cfg.concurrency} at a time" if cfg.concurrency > 1 and pending else ""))
     api_url = None
     if cfg.concurrency > 1 and pending:
-        from tasks.sweep import prefect_api_url
+        from tasks.sweep import allow_children, prefect_api_url
         api_url = prefect_api_url()
+        allow_children()
     try:
         if cfg.concurrency == 1:
             for rp in pending:
                 one(rp)
-        else:
-            with ThreadPoolExecutor(max_workers=cfg.concurrency, thread_name_prefix="sweep") as pool:
-                for f in [pool.submit(one, rp) for rp in pending]:
-                    f.result()
+        elif pending:
+            _run_pool(cfg.concurrency, one, pending)
     except BaseException:
         tracker.finish(save(), "FAILED")
         raise
@@ -125,6 +128,28 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
                           f"rerun `mlm sweep {sweep_path}` to retry them):\n  "
                           + "\n  ".join(f"{k}: {logs.get(k, '')}" for k in failed))
     return doc
+
+
+def _run_pool(n: int, one: Callable, pending: list) -> None:
+    """``one`` for every pending run, ``n`` at a time; interrupted (SIGTERM/SIGINT to the sweep, an ``after_run``
+    error): the live child runs are stopped (they checkpoint) and no new one starts, before the error goes on."""
+    from tasks.sweep import stop_children
+
+    def guarded(rp) -> None:
+        try:
+            one(rp)
+        except BaseException:
+            stop_children()       # now, in this thread: a free worker must not start the next run meanwhile
+            raise
+    pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="sweep")
+    try:
+        for f in [pool.submit(guarded, rp) for rp in pending]:
+            f.result()
+    except BaseException:
+        stop_children()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _run_here(sweep, run, link: dict) -> bool:

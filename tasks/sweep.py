@@ -22,6 +22,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,6 +30,10 @@ from tasks import sweep_link
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
+# live child runs, so an interrupted sweep (SIGTERM/SIGINT to it alone) can stop them instead of waiting for them
+_children: set = set()
+_children_lock = threading.Lock()
+_stopping = threading.Event()
 
 
 class SweepTracker:
@@ -97,20 +102,45 @@ def run_child(sweep, run, link: dict, api_url: str | None) -> tuple[int, Path]:
     env = {**os.environ, **sweep_link.env_for(link)}
     if api_url:
         env["PREFECT_API_URL"] = api_url
+    cmd = child_command(sweep, run)
     with open(out, "a", encoding="utf-8") as f:    # appended: a resumed run's log follows the killed one's
-        f.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(child_command(sweep, run))}\n")
+        f.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         f.flush()
-        proc = subprocess.Popen(child_command(sweep, run), stdout=f, stderr=subprocess.STDOUT, env=env,
-                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        with _children_lock:
+            if _stopping.is_set():
+                return 143, out
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+            _children.add(proc)
         try:
             return proc.wait(), out
-        except BaseException:          # the sweep is interrupted: stop the child (it checkpoints), then go
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            raise
+        finally:
+            with _children_lock:
+                _children.discard(proc)
+
+
+def stop_children(timeout: float = 120) -> None:
+    """SIGTERM every live child run (training checkpoints at its next step, then exits) and wait for them;
+    no new child starts afterwards (until ``allow_children``)."""
+    with _children_lock:
+        _stopping.set()
+        procs = list(_children)
+    for p in procs:
+        p.terminate()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def stopping() -> bool:
+    return _stopping.is_set()
+
+
+def allow_children() -> None:
+    _stopping.clear()
 
 
 def tail(path: Path, n: int = 3) -> str:
@@ -137,4 +167,4 @@ def publish_plan(lines: list[str], name: str) -> None:
         log.warning("sweep plan artifact not published: %s", exc)
 
 
-__all__ = ["SweepTracker", "run_child", "child_command", "prefect_api_url", "publish_plan", "log_file", "tail"]
+__all__ = ["SweepTracker", "run_child", "stop_children", "allow_children", "stopping", "child_command", "prefect_api_url", "publish_plan", "log_file", "tail"]

@@ -306,3 +306,36 @@ def test_flow_form_is_typed_and_described():
     assert {"type": "integer", "minimum": 1} in props["concurrency"]["anyOf"]
     assert all(p.get("description") for p in props.values())
     assert sweep_flow.name == "mlm-sweep"
+
+
+def test_stopped_sweep_stops_its_child_runs(tmp_path, monkeypatch):
+    """Concurrency > 1: a sweep interrupted while runs are going stops them (SIGTERM) instead of waiting for them,
+    and starts no new one. The child command is replaced by a sleeper: what is tested is the process handling."""
+    import sys
+    import time
+
+    from flows.sweep import run_sweep
+    from tasks import sweep as tsweep
+    base = write_en_ru_config(tmp_path, "stoptest", 10, tracking={"enabled": False})
+    f = _sweep(tmp_path, {"variants": [{"name": n, "set": {"pretrain.lr": lr}} for n, lr in
+                                       (("fast", 0.001), ("slow", 0.002), ("never", 0.003))], "concurrency": 2},
+               base=base)
+    def sleeper(sweep, run):     # each child leaves a file when it really starts
+        mark = tmp_path / f"started-{run.variant}"
+        return [sys.executable, "-c", f"import time; open({str(mark)!r}, 'w'); "
+                f"time.sleep({0.2 if run.variant == 'fast' else 120})"]
+    monkeypatch.setattr(tsweep, "child_command", sleeper)
+
+    class Stop(Exception):
+        pass
+
+    def stop(run, status):
+        raise Stop(run.key)
+    t0 = time.monotonic()
+    with pytest.raises(Stop, match="fast@seed0"):
+        run_sweep(str(f), echo=lambda line: None, after_run=stop)
+    assert time.monotonic() - t0 < 60
+    assert sorted(p.name for p in tmp_path.glob("started-*")) == ["started-fast", "started-slow"]   # not "never"
+    assert not tsweep._children
+    plan = json.loads((tmp_path / "work" / "sweeps" / "s" / "plan.json").read_text())
+    assert [v["status"] for v in plan["variants"]] == ["done", "failed", "pending"]
