@@ -206,10 +206,15 @@ class Masker:
             self._cache[key] = v.to(device)
         return self._cache[key]
 
-    def _colloc(self, m: int, device: torch.device) -> torch.Tensor:
+    def _colloc(self, m, device: torch.device) -> torch.Tensor:
+        """The sorted hashes of m-unit collocations on ``device`` (m = "bits": their prefilter bitmap)."""
         key = ("colloc", device, m)
         if key not in self._cache:
-            self._cache[key] = self.collocations[m].to(device)
+            if m == "bits":
+                from mlm_core.pmi_select import prefilter
+                self._cache[key] = prefilter(self.collocations).to(device)
+            else:
+                self._cache[key] = self.collocations[m].to(device)
         return self._cache[key]
 
     # -- randomness -----------------------------------------------------------------------------------
@@ -326,7 +331,7 @@ class Masker:
             elif strategy == "pmi":     # PMI-masking: collocations first, then words (mlm_core.pmi_select)
                 from mlm_core.pmi_select import select_pmi
                 table = {m: self._colloc(m, dev) for m in self.collocations}
-                sel = select_pmi(ids, cand, ws, h, p, table)
+                sel = select_pmi(ids, cand, ws, h, p, table, self._colloc("bits", dev))
             else:
                 raise ValueError(f"unknown masking strategy {strategy!r}")
         # 80/10/10, decided per token (also inside whole words and spans)

@@ -252,6 +252,10 @@ def test_overlapping_occurrences_are_never_split(one_torch_thread):
         assert all(n in (2, 3) for n in starts.values())
         for u, n in starts.items():
             assert bool((occ[r, u:u + n] == u).all())
+            h, v = grams[n]     # each taken occurrence is an n-gram of the table, over valid units
+            assert bool(v[r, u]) and int(h[r, u]) in set(table[n].tolist())
+        # the table holds every 2- and 3-gram: the tiling leaves few units out (bounded rounds)
+    assert covered[valid].float().mean() > 0.8
 
 
 def test_pmi_without_vocabulary_is_a_clear_error(tmp_path):
