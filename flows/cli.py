@@ -226,6 +226,13 @@ def cmd_evaluate(args) -> int:
         print(f"parallel-sentence retrieval ({ret.get('metric', 'accuracy@1')}, layer {ret.get('layer')}, "
               f"pivot {ret.get('pivot')}; chance = 1/n):")
         _print_rows([{"pair": f"{ret.get('pivot')}-{lang}", **r} for lang, r in sorted((ret.get("pairs") or {}).items())])
+    eff = result.get("efficiency") or {}
+    if eff:         # evaluate.efficiency (mlm_core.evaluate.efficiency)
+        print(f"efficiency on {eff.get('device')} ({eff.get('device_kind')}):")
+        _print_rows([{"parameters": eff.get("parameters"), "latency_p50_ms": eff["latency_ms"]["p50"],
+                      "latency_p95_ms": eff["latency_ms"]["p95"],
+                      "throughput_seq_s": eff["throughput"]["sequences_per_s"],
+                      **{f"peak_mb_seq{k}": v for k, v in (eff.get("peak_memory_mb") or {}).items()}}])
     return 0
 
 
