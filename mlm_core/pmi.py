@@ -18,9 +18,10 @@ few or no collocations and PMI-masking falls back to whole words there.
 
 Counting is one DuckDB aggregation per language over ``docs/<lang>.parquet`` (tokens numbered per document,
 n-grams from lead() over them) with ``SET memory_limit`` (sorts and hash tables spill to a temporary folder
-beyond it) and ``HAVING count >= pmi_min_count``. Measured on this repo's 2 busy cores: 2.9 MB of English
-(shared/data) 3.3 s at a 256 MB limit; 29 MB 31 s at 2 GB and 58 s at 256 MB (spilling), the same counts. Every segment of a kept n-gram occurs at least as often as the n-gram, so the
-minimum count prunes nothing the measure needs.
+beyond it) and ``HAVING count >= pmi_min_count``. Every segment of a kept n-gram occurs at least as often as
+the n-gram, so the minimum count prunes nothing the measure needs. Measured on this repo's 2 busy cores:
+2.9 MB of English (shared/data) 3.3 s at a 256 MB limit; 29 MB 31 s at 2 GB and 58 s at 256 MB (spilling),
+the same counts.
 
 Out (tokenizer stage folder, written when ``tokenizer.pmi_vocab > 0``):
   pmi_ngrams.parquet  lang, rank, ngram, n (words), units (word units after tokenization), count, pmi, hash
