@@ -115,7 +115,10 @@ def test_two_workers_run_a_pipeline_and_a_stage_at_once(served, tmp_path):
     config = _tiny_config(tmp_path)
 
     def params(work: str) -> dict:     # separate workdirs: nothing in the store orders the two runs
-        return {"config_path": str(config), "overrides": [f"tracking.uri={mlflow_url}", f"workdir={tmp_path / work}"]}
+        # concurrency, not learning: 10 pretraining steps (the end-to-end test above trains 60)
+        return {"config_path": str(config), "overrides": [
+            f"tracking.uri={mlflow_url}", f"workdir={tmp_path / work}", "pretrain.steps=10",
+            "pretrain.warmup_steps=2", "pretrain.eval_every=10", "pretrain.checkpoint_every=10"]}
 
     with prefect_client_settings(api, wd / "prefect"):
         runs = {"pipeline": run_deployment("mlm-pipeline/default", parameters=params("a"), timeout=0),
