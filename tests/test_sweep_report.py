@@ -95,7 +95,9 @@ def _store(tmp_path, skip=()):
                 m |= {f"{lg}.baseline_top1": 0.1 for lg in LANGS}
                 m |= {f"upos.{lg}.score": top / 2 for lg in ("fr", "de")}
                 transfer = [{"task": "upos", "lang": lg, "score": top / 2, "source_score": 0.9} for lg in ("fr", "de")]
-                _write(wd, "evaluate", "e" + fp, {"metrics": m, "transfer": transfer})
+                transfer.append({"task": "upos", "lang": "en", "score": 0.9, "source_score": 0.9})   # the source
+                _write(wd, "evaluate", "e" + fp, {"metrics": m, "transfer": transfer,
+                                                  "config": {"evaluate": {"upos": {"source_lang": "en"}}}})
             if (v, seed, "audit") not in skip:
                 _write(wd, "audit", "a" + fp, {"metrics": {"en.crows_score": 50 + 10 * top}})
     sweep = wd / "sweeps" / "demo-sweep"
@@ -122,6 +124,8 @@ def test_report_tables_files_and_plots(tmp_path):
     assert res["tables"]["small3.top1"][0]["mean"] == pytest.approx(0.7 - 0.05)
     assert [r["mean"] for r in res["tables"]["upos.fr.score"]] == [pytest.approx(0.35), pytest.approx(0.7667 / 2, rel=1e-3)]
     assert "upos.de.score" in res["tables"] and res["tables"]["no.such_metric"][0]["n"] == 0
+    # the mean transfer score is over the targets, without the source language scored as a target
+    assert res["tables"]["upos.mean.score"][0]["mean"] == pytest.approx(0.35)
     for f in ("report.md", "report.html", "report.json", "val_loss_vs_flops.png", "top1_vs_unigram.png",
               "transfer.png", "crows_pairs.png"):
         assert (res["dir"] / f).is_file(), f

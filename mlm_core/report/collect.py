@@ -8,7 +8,7 @@ silently dropped); one whose audit is missing keeps its other metrics and is lis
 A run's metrics (one flat dict, the names the manifests use):
   * evaluate's ``metrics`` (``<lang>.top1``, ``<lang>.pseudo_perplexity``, ``upos.<lang>.score``, ...), plus
     ``<task>.source_score`` (the fine-tuned source language's own score) and ``<task>.mean.score`` (the mean over
-    the target languages);
+    the target languages other than the source language);
   * audit's ``metrics`` (``<lang>.crows_score``, ...);
   * pretrain's ``metrics`` prefixed ``pretrain.`` (``pretrain.final_loss``, ``pretrain.<lang>.val_loss``...);
   * language groups by training-data size (the shards stage's train tokens per language): ``small3.<m>`` = the
@@ -141,13 +141,15 @@ def _seq_len(manifest: dict, fallback: int) -> int:
 def _derived(ev: dict) -> dict:
     out = {}
     by_task: dict[str, list] = {}
+    tasks_cfg = (ev.get("config") or {}).get("evaluate") or {}
     for t in ev.get("transfer") or []:
         task = t.get("task")
         if task is None:
             continue
         if t.get("source_score") is not None:
             out[f"{task}.source_score"] = float(t["source_score"])
-        if t.get("score") is not None:
+        # the source language scored as a target is the source score, not a transfer: not in the mean
+        if t.get("score") is not None and t.get("lang") != (tasks_cfg.get(task) or {}).get("source_lang"):
             by_task.setdefault(task, []).append(float(t["score"]))
     for task, scores in by_task.items():
         out[f"{task}.mean.score"] = sum(scores) / len(scores)
