@@ -11,6 +11,8 @@
 4. Resumable: a run whose every stage output is stored is skipped; a rerun finishes what is missing (stages
    reuse complete outputs, training resumes from its checkpoints). A failed run does not stop the others; the
    sweep then fails naming each failed run and its log.
+5. The report (``tasks.sweep_report.publish_report``, what ``mlm report SWEEP.yaml`` rebuilds): written under
+   ``<workdir>/sweeps/<name>/report/``, logged to the sweep's MLflow run, published as a Prefect artifact.
 """
 from __future__ import annotations
 
@@ -122,12 +124,29 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
         raise
     doc = save()
     failed = [k for k, s in status.items() if s == "failed"]
-    tracker.finish(doc, "FAILED" if failed else "FINISHED")
+    report_error = _report(sweep, doc, tracker, echo)
+    tracker.finish(doc, "FAILED" if failed or report_error else "FINISHED")
     if failed:
         raise SweepFailed(f"sweep {cfg.name}: {len(failed)} of {len(sp.runs)} run(s) failed (the others are stored; "
                           f"rerun `mlm sweep {sweep_path}` to retry them):\n  "
                           + "\n  ".join(f"{k}: {logs.get(k, '')}" for k in failed))
+    if report_error:
+        raise SweepFailed(f"sweep {cfg.name}: every run is stored, but the report failed: {report_error}; "
+                          f"rebuild it with `mlm report {sweep_path}`")
     return doc
+
+
+def _report(sweep, doc: dict, tracker, echo) -> str | None:
+    """The sweep's report (``tasks.sweep_report``: files, the sweep's MLflow run, a Prefect artifact), built from
+    what is stored (runs that failed are listed as missing). Returns the error, if it failed."""
+    try:
+        from tasks.sweep_report import publish_report
+        res = publish_report(sweep.state_dir, plan=doc, run_id=tracker.run_id, tracker=tracker.tracker)
+    except Exception as exc:  # noqa: BLE001 - the runs are stored; the report can be rebuilt alone
+        log.exception("sweep report failed")
+        return f"{type(exc).__name__}: {exc}"
+    echo(f"report: {res['md']}" + (f" (logged to MLflow run {res['run_id']})" if res.get("logged") else ""))
+    return None
 
 
 def _run_pool(n: int, one: Callable, pending: list) -> None:

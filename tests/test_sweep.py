@@ -188,6 +188,11 @@ def test_caching_2x2_shares_upstream_and_nests_runs(tmp_path, prefect_harness, c
         (r.variant, str(r.seed)) for r in sw.runs)
     stage_runs = [r for r in runs if r.data.tags.get("mlflow.parentRunId") in {n.info.run_id for n in nested}]
     assert len(stage_runs) == 4 * len(stages.STAGES)
+    # the report is built at the end and logged to the sweep's run
+    import mlflow
+    assert (work / "sweeps" / "s" / "report" / "report.md").is_file()
+    logged = {a.path for a in mlflow.MlflowClient().list_artifacts(stored["mlflow_run_id"], "report")}
+    assert "report/report.md" in logged, logged
 
     # a rerun computes nothing: every run is complete
     run_sweep(str(f), echo=lambda line: None)
@@ -320,10 +325,11 @@ def test_stopped_sweep_stops_its_child_runs(tmp_path, monkeypatch):
     f = _sweep(tmp_path, {"variants": [{"name": n, "set": {"pretrain.lr": lr}} for n, lr in
                                        (("fast", 0.001), ("slow", 0.002), ("never", 0.003))], "concurrency": 2},
                base=base)
-    def sleeper(sweep, run):     # each child leaves a file when it really starts
-        mark = tmp_path / f"started-{run.variant}"
-        return [sys.executable, "-c", f"import time; open({str(mark)!r}, 'w'); "
-                f"time.sleep({0.2 if run.variant == 'fast' else 120})"]
+    def sleeper(sweep, run):     # each child leaves a file when it really starts; "fast" ends once "slow" runs
+        mark, slow = tmp_path / f"started-{run.variant}", tmp_path / "started-slow"
+        wait = (f"t = time.time()\nwhile not os.path.exists({str(slow)!r}) and time.time() - t < 60: time.sleep(0.1)"
+                if run.variant == "fast" else "time.sleep(120)")
+        return [sys.executable, "-c", f"import os, time\nopen({str(mark)!r}, 'w').close()\n{wait}"]
     monkeypatch.setattr(tsweep, "child_command", sleeper)
 
     class Stop(Exception):
@@ -339,3 +345,32 @@ def test_stopped_sweep_stops_its_child_runs(tmp_path, monkeypatch):
     assert not tsweep._children
     plan = json.loads((tmp_path / "work" / "sweeps" / "s" / "plan.json").read_text())
     assert [v["status"] for v in plan["variants"]] == ["done", "failed", "pending"]
+
+
+def test_match_tokens_sets_steps_from_the_baseline(tmp_path):
+    """match: tokens gives every variant the baseline's input tokens: steps x batch_size x seq_len, by hand."""
+    f = _sweep(tmp_path, {"variants": [{"name": "b4"}, {"name": "b8", "set": {"pretrain.batch_size": 8}},
+                                       {"name": "b2", "set": {"pretrain.batch_size": 2}}],
+                          "baseline": "b4", "match": "tokens"})
+    sw = load_sweep(f)
+    base = load_config(sw.base_path).config
+    budget = base.pretrain.steps * base.pretrain.batch_size * base.shards.seq_len      # 3 x 4 x 16 tokens
+    for run in sw.runs:
+        cfg = sw.load_run(run).config
+        assert cfg.pretrain.steps == max(1, round(budget / (cfg.pretrain.batch_size * cfg.shards.seq_len))), run
+    assert [sw.load_run(r).config.pretrain.steps for r in sw.runs] == [3, 2, 6]
+    f = _sweep(tmp_path, {"variants": [{"name": "a"}, {"name": "b", "set": {"pretrain.steps": 9}}], "match": "flops"})
+    with pytest.raises(SweepError, match=r"variant 'b': pretrain\.steps: match: flops sets the steps"):
+        load_sweep(f)
+
+
+def test_sweep_section_and_concurrency_override(tmp_path):
+    base = _base(tmp_path)
+    f = tmp_path / "in-section.yaml"
+    f.write_text(yaml.safe_dump({"sweep": {"name": "sec", "base": base.name, "variants": [{"name": "a"}]}}))
+    sw = load_sweep(f, concurrency=3)
+    assert sw.config.name == "sec" and sw.config.concurrency == 3
+    with pytest.raises(SweepError, match="--concurrency 0: give at least 1"):
+        load_sweep(f, concurrency=0)
+    with pytest.raises(SweepError, match=r"base: nope\.yaml: config file not found"):
+        load_sweep(_sweep(tmp_path, {"base": "nope.yaml", "variants": [{"name": "a"}]}, base=base))
