@@ -179,11 +179,10 @@ def merge_shards(lc, upstream: dict, parts: list[dict], results: list[dict], par
     _check_cover(parts, results)
     langs = list(dict.fromkeys(p["lang"] for p in parts))
     dropped = [lang for lang in lc.config.languages if lang not in langs]
-    shards: list[dict] = []
-    per_lang: dict[str, dict] = {}
-    for lang in langs:
+
+    def pack(lang: str) -> tuple[list[dict], dict]:
         mine = [d for p, d in zip(parts, part_dirs) if p["lang"] == lang]
-        st = {}
+        st, files = {}, []
         for split in SPLITS:
             w = ShardWriter(out_dir, split, lang, cfg.rows_per_shard, layout)
             pk = Packer(w, specials["cls"], where=f"{split}/{lang}")
@@ -191,10 +190,18 @@ def merge_shards(lc, upstream: dict, parts: list[dict], results: list[dict], par
                 for enc in load_part(Path(d), split, cfg.batch_docs):
                     pk.add(enc)
             st[split] = pk.close()
-            shards.extend(w.close())
-        per_lang[lang] = {f"{k}_{split}": getattr(st[split], k) for split in SPLITS
-                          for k in ("docs", "tokens", "content_tokens", "rows")}
+            files.extend(w.close())
         log.info("shards: %s: %d train rows, %d validation rows", lang, st["train"].rows, st["validation"].rows)
+        return files, {f"{k}_{split}": getattr(st[split], k) for split in SPLITS
+                       for k in ("docs", "tokens", "content_tokens", "rows")}
+
+    # languages never share a row or a file: packed side by side (numpy, Arrow writes and sha256 release the
+    # GIL), listed in language order
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max(1, min(len(langs), os.cpu_count() or 1))) as ex:
+        packed = list(ex.map(pack, langs))
+    shards = [f for files, _ in packed for f in files]
+    per_lang = {lang: st for lang, (_, st) in zip(langs, packed)}
 
     counts = {lang: per_lang[lang]["tokens_train"] for lang in langs if per_lang[lang]["tokens_train"] > 0}
     # no token budget here: expected epochs are computed on display (`mlm stats`) from the current
