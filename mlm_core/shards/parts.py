@@ -73,8 +73,10 @@ def validation_of(prefix: np.ndarray, rows: np.ndarray, cut: list[int]) -> np.nd
 
 def read_range(path: Path, start: int, stop: int, batch_docs: int, columns=("text", "hash")
                ) -> Iterator[pa.RecordBatch]:
-    """Record batches of rows [start, stop) of a Parquet file, reading only the row groups that hold them."""
-    pf = pq.ParquetFile(path)
+    """Record batches of rows [start, stop) of a Parquet file, reading only the row groups that hold them.
+    Buffered reads: pages stream in (a row group larger than a partition is not held whole), and the read stops
+    at ``stop``; rows of a row group before ``start`` are still decoded (Parquet pages have no row index here)."""
+    pf = pq.ParquetFile(path, buffer_size=1 << 20)
     md = pf.metadata
     groups, first, at = [], None, 0
     for g in range(md.num_row_groups):
