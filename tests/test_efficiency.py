@@ -139,3 +139,13 @@ def test_evaluate_contract_passes_with_the_new_fields(tmp_path, report):
     broken = dict(report, latency_ms={**report["latency_ms"], "p50": report["latency_ms"]["p95"] + 1})
     with pytest.raises(ValidationFailed):
         validate_stage("evaluate", write(broken), manifest)
+
+
+def test_cuda_requested_without_a_device_is_a_clear_error():
+    from mlm_core.evaluate.efficiency import resolve_device
+    if torch.cuda.is_available():
+        assert resolve_device("cuda").type == "cuda" and resolve_device("auto").type == "cuda"
+    else:
+        with pytest.raises(ValueError, match="evaluate.efficiency_device"):
+            resolve_device("cuda")
+        assert resolve_device("auto").type == "cpu"
