@@ -82,7 +82,8 @@ def _table_md(metric: str, rows: list[dict], baseline: str | None) -> str:
             dd, ci = "(baseline)", ""
         elif r["diff"] and r["diff"]["n"]:
             dd = f"{r['diff']['mean']:+.4g} (n={r['diff']['n']})"
-            ci = f"[{r['diff']['ci_low']:+.4g}, {r['diff']['ci_high']:+.4g}]"
+            ci = (f"[{r['diff']['ci_low']:+.4g}, {r['diff']['ci_high']:+.4g}]" if r["diff"]["n"] > 1
+                  else "— (one pair)")
         else:
             dd, ci = "—", ""
         miss = ", ".join(f"seed {s}" for s in r["missing_seeds"]) or ""

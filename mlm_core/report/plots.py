@@ -156,8 +156,10 @@ PLOTS = {
 def write_plots(runs, out_dir: Path) -> dict[str, str]:
     """{file name: caption} of the figures written (those with data)."""
     out = {}
+    complete = [r for r in runs if r.complete]
     for name, (fn, caption) in PLOTS.items():
-        if fn(runs, Path(out_dir) / name) is not None:
+        # the bars are means over complete runs; a curve is shown for every run that trained
+        if fn(runs if fn is val_loss_vs_flops else complete, Path(out_dir) / name) is not None:
             out[name] = caption
     return out
 
