@@ -172,7 +172,7 @@ class DaskMapper:
         if self.ex.address:
             return DaskTaskRunner(address=self.ex.address)
         kwargs = {"n_workers": self.ex.workers, "threads_per_worker": 1, "processes": True,
-                  "dashboard_address": None, "silence_logs": logging.WARNING}
+                  "dashboard_address": ":0", "silence_logs": logging.WARNING}    # any free dashboard port
         if _SESSION is None:
             return DaskTaskRunner(cluster_kwargs=kwargs)      # this stage's own LocalCluster
         if self.ex.workers not in _SESSION:                  # one LocalCluster for every stage of the run
