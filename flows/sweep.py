@@ -122,6 +122,7 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
     except BaseException:
         tracker.finish(save(), "FAILED")
         raise
+    sp = plan_sweep(sweep)     # plan.json's stage table as stored now, not as it was before the runs
     doc = save()
     failed = [k for k, s in status.items() if s == "failed"]
     report_error = _report(sweep, doc, tracker, echo)

@@ -177,6 +177,8 @@ def test_caching_2x2_shares_upstream_and_nests_runs(tmp_path, prefect_harness, c
         assert entry["config_fingerprints"] == {k: p.fingerprint for k, p in plans.items()}
         assert all(p.status == "done" for p in plans.values()) and entry["status"] == "done"
     assert stored["baseline"] == "token,pretrain.lr=0.001" and stored["metrics"] == ["top1"]
+    assert {r["stage"]: (r["outputs"], r["to_run"]) for r in stored["stages"]} == {
+        name: (1 if name in ("normalize", "tokenizer", "shards") else 4, 0) for name in stages.STAGES}
 
     # MLflow: one sweep run; each run's pipeline run nested under it, tagged with its variant and seed
     runs = _runs(work, "sweeptest")
