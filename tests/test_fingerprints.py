@@ -134,7 +134,9 @@ def _raw(tmp: Path, base: dict | None = None) -> dict:
 SPECIAL = {"sources.ar.scripts": [["Arabic", "Latin"]]}
 EXTERNAL = {"tokenizer.from": "tokenizer", "pretrain.init_from": "checkpoint"}
 # Fields valid only together with another one, set in both the base and the changed config.
-BASE_WITH = {"tokenizer.extend": {"tokenizer.from": "tokenizer"}}
+# A value naming an `external` fixture folder is replaced by its path; anything else is used as is.
+BASE_WITH = {"tokenizer.extend": {"tokenizer.from": "tokenizer"},
+             "pretrain.distributed.nnodes": {"pretrain.distributed.rdzv_endpoint": "127.0.0.1:29400"}}
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +153,7 @@ def external(tmp_path_factory) -> dict[str, str]:
 
 
 def _base_with(path: str, external: dict) -> dict:
-    return {k: external[v] for k, v in BASE_WITH.get(path, {}).items()}
+    return {k: external.get(v, v) for k, v in BASE_WITH.get(path, {}).items()}
 
 
 def _changed(tmp: Path, path: str, model, name, v, external: dict | None = None):
