@@ -55,12 +55,14 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
     publish_plan(lines, sweep.config.name)
     if dry_run:
         return plan_document(sp)
+    from mlm_core.sweep_plan import read_plan
     from tasks.sweep import SweepTracker
     cfg = sweep.config
     tracker = SweepTracker(sweep, params={"sweep_file": sweep_path, "base": str(sweep.base_path), "runs": len(sp.runs),
                                           "variants": ",".join(sweep.variant_names), "seeds": cfg.seeds,
                                           "baseline": cfg.baseline, "match": cfg.match, "metrics": cfg.metrics,
-                                          "concurrency": cfg.concurrency})
+                                          "concurrency": cfg.concurrency},
+                           previous_run_id=(read_plan(sweep) or {}).get("mlflow_run_id"))
     status = {rp.run.key: "done" if rp.done else "pending" for rp in sp.runs}
     logs: dict[str, str] = {}
     lock = threading.Lock()

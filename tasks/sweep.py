@@ -2,7 +2,7 @@
 
 In: a planned sweep (``mlm_core.sweep_plan``). Out:
 - ``SweepTracker``: one MLflow run for the sweep (tagged ``mlm.kind=sweep``, ``sweep=<name>``, its plan.json
-  logged); each variant's pipeline run nests under it through ``tasks.sweep_link`` (``run_pipeline`` reads the
+  logged; a rerun reopens the run plan.json names, so a resumed sweep stays one run); each variant's pipeline run nests under it through ``tasks.sweep_link`` (``run_pipeline`` reads the
   link), tagged ``sweep``, ``variant`` and ``seed``.
 - ``run_child``: one run as ``python -m flows.cli run BASE --set ...`` (exactly ``mlm run``), for concurrency > 1.
   Why a process per run and not a thread: training draws dropout from torch's global generator
@@ -39,15 +39,34 @@ _stopping = threading.Event()
 class SweepTracker:
     """The sweep's MLflow run (a no-op when the base config disables tracking)."""
 
-    def __init__(self, sweep, params: dict):
+    def __init__(self, sweep, params: dict, previous_run_id: str | None = None):
         from tasks.tracking import Tracker, check_tracking_server, resolve_tracking_uri
         cfg = sweep.base.config
         if cfg.tracking.enabled:
             check_tracking_server(resolve_tracking_uri(cfg.tracking, sweep.base.workdir))   # before any work
         self.tracker = Tracker(cfg.tracking, sweep.base.workdir)
-        stamp = time.strftime("%m-%d %H:%M")
-        self.run_id = self.tracker.start_pipeline(f"sweep {sweep.config.name} · {stamp}", params=params,
-                                                  tags={"mlm.kind": "sweep", "sweep": sweep.config.name})
+        self.run_id = None
+        if previous_run_id and self.tracker.active:    # a resumed sweep keeps its one MLflow run
+            self.run_id = self.tracker._guard("reopening the sweep run", self._reopen, previous_run_id)
+        if self.run_id is None:
+            stamp = time.strftime("%m-%d %H:%M")
+            self.run_id = self.tracker.start_pipeline(f"sweep {sweep.config.name} · {stamp}", params=params,
+                                                      tags={"mlm.kind": "sweep", "sweep": sweep.config.name})
+
+    def _reopen(self, run_id: str) -> str | None:
+        """The sweep's run from plan.json, RUNNING again (None when it is gone or in another experiment)."""
+        from mlflow.exceptions import MlflowException
+        c = self.tracker.client
+        try:
+            r = c.get_run(run_id)
+        except MlflowException:
+            return None
+        if r.info.experiment_id != self.tracker.experiment_id or r.info.lifecycle_stage != "active":
+            return None
+        c.update_run(run_id, status="RUNNING")
+        c.set_tag(run_id, "mlm.resumed", str(int(r.data.tags.get("mlm.resumed", "0")) + 1))
+        self.tracker._parent = run_id          # end_pipeline closes it
+        return run_id
 
     def link(self, sweep, run) -> dict:
         """What the run's pipeline reads (``tasks.sweep_link``): nest under the sweep's run, with these tags."""

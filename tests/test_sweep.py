@@ -228,9 +228,12 @@ def test_resume_after_stop_recomputes_no_finished_run(tmp_path, prefect_harness,
                             "audit": 2, "register": 2}
     assert {name: (store.out_dir(name, fp) / "manifest.json").stat().st_mtime_ns
             for name, fp in plan["variants"][0]["config_fingerprints"].items()} == first
+    # the resumed sweep is still one MLflow run, finished, with both runs' pipelines nested under it
     runs = _runs(work, "resumetest")
     sweeps = [r for r in runs if r.data.tags.get("mlm.kind") == "sweep"]
-    assert sorted(r.info.status for r in sweeps) == ["FAILED", "FINISHED"]
+    assert [(r.info.status, r.data.tags["mlm.resumed"]) for r in sweeps] == [("FINISHED", "1")]
+    assert sorted(r.data.tags["variant"] for r in runs
+                  if r.data.tags.get("mlflow.parentRunId") == sweeps[0].info.run_id) == ["a", "b"]
 
 
 def _procs_mentioning(text: str) -> list[int]:
