@@ -66,6 +66,7 @@ def metric_table(metric: str, runs, variants: list[str], baseline: str | None, s
 def _f(x, digits: int = 4) -> str:
     if x is None:
         return "—"
+    x = 0.0 if abs(x) < 1e-12 else x      # float noise of a std over equal values (4e-18) reads as 0
     a = abs(x)
     if a != 0 and (a >= 1e4 or a < 1e-3):
         return f"{x:.3g}"
