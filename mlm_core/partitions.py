@@ -250,9 +250,12 @@ def run_partitioned(name: str, lc, upstream: dict[str, Artifact], out_dir: Path,
 
 
 def cleanup(folders: list[Path]) -> None:
-    """Remove partition folders once the stage output that merged them is stored."""
+    """Remove partition folders once the stage output that merged them is stored, with the temporary folders
+    an attempt left when its worker was killed mid-partition (``.tmp-<key>-<pid>-...``)."""
     for f in folders:
         shutil.rmtree(f, ignore_errors=True)
+        for t in f.parent.glob(f".tmp-{f.name}-*"):
+            shutil.rmtree(t, ignore_errors=True)
 
 
 __all__ = ["PartitionedStage", "PartitionJob", "Mapper", "REGISTRY", "register", "stage_object", "partition_key",
