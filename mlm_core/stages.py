@@ -205,21 +205,24 @@ def _run_register(lc, upstream, out_dir):
 # pretrain: SpanBERT span lengths, canonical safetensors, pickle-free checkpoints, paper ELECTRA,
 # interval-mean loss, one unigram baseline; evaluate: transfer windows, held-out source score,
 # intervals, RTD metrics; audit: CrowS-Pairs as the reference; register: model card from the manifests.
+# 3 (issues 10, 13, 15): normalize doc ids by file and row, documents rebatched per file (partitions);
+# shards format v3 (word starts in the ids' spare bit or bit-packed, segment ids rebuilt from [SEP]) merged from
+# language x document-run partitions; evaluate: efficiency, per-class F1, macro-F1, CV; register: efficiency gates.
 STAGES: dict[str, StageSpec] = {
-    "normalize": StageSpec("normalize", (), code_version="2", reads=("sources", "normalize"), run=_run_normalize,
+    "normalize": StageSpec("normalize", (), code_version="3", reads=("sources", "normalize"), run=_run_normalize,
                            inputs=_normalize_inputs, derived=_normalize_scripts, partitioned=True,
                            summary="clean, filter and deduplicate the raw corpus per language"),
     "tokenizer": StageSpec("tokenizer", ("normalize",), code_version="2", reads=("tokenizer", "seed"),
                            run=_run_tokenizer, inputs=_tokenizer_inputs,
                            derived=lambda lc: {"alpha": lc.config.tokenizer_alpha},
                            summary="train a tokenizer on a language-balanced sample"),
-    "shards": StageSpec("shards", ("normalize", "tokenizer"), code_version="2", reads=("shards",), run=_run_shards,
+    "shards": StageSpec("shards", ("normalize", "tokenizer"), code_version="3", reads=("shards",), run=_run_shards,
                         derived=lambda lc: {"languages": lc.config.languages}, partitioned=True,
                         summary="encode, pack and write Arrow shards with the language sampling table"),
     "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), code_version="2",
                           reads=("pretrain", "seed"), run=_run_pretrain, inputs=_pretrain_inputs,
                           summary="train the encoder (MLM or ELECTRA), checkpoint, export"),
-    "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), code_version="2",
+    "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), code_version="3",
                           reads=("evaluate", "seed"), run=_run_evaluate, inputs=_evaluate_inputs,
                           summary="per-language metrics and zero-shot transfer"),
     "audit": StageSpec("audit", ("pretrain",), code_version="2", reads=("audit",), run=_run_audit,
@@ -227,7 +230,7 @@ STAGES: dict[str, StageSpec] = {
     # registry.gates are declared "output" of this stage, not thresholds: the stage's output *is* the gate
     # decision (gates.json, the model card), promotion follows it, and the stage is cheap and last, so
     # recomputing it is how a gate change is re-evaluated.
-    "register": StageSpec("register", ("pretrain", "evaluate", "audit"), code_version="2", reads=("registry",),
+    "register": StageSpec("register", ("pretrain", "evaluate", "audit"), code_version="3", reads=("registry",),
                           run=_run_register, summary="promotion gates and the model card"),
 }
 
