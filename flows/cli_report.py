@@ -1,4 +1,4 @@
-"""``mlm report SWEEP.yaml [--no-log]``: rebuild a sweep's report from its stored outputs (nothing trains).
+"""``mlm report SWEEP.yaml [--no-log] [--set KEY.PATH=VALUE ...]``: rebuild a sweep's report from its stored outputs (nothing trains).
 
 Stdlib only at import (``mlm --help`` stays instant). The sweep is planned again (``mlm_core.sweep_plan``: the
 fingerprints its runs have now, the statuses and MLflow run recorded in plan.json), the report is written to
@@ -27,7 +27,7 @@ def report_plan(sweep) -> dict:
 def cmd_report(args) -> int:
     from mlm_core.sweep import load_sweep
     from tasks.sweep_report import publish_report
-    sweep = load_sweep(args.sweep)
+    sweep = load_sweep(args.sweep, overrides=list(args.set or []))   # the same --set as `mlm sweep`: same runs
     doc = report_plan(sweep)
     tracking = None if args.no_log else sweep.base.config.tracking
     res = publish_report(sweep.state_dir, plan=doc, tracking=tracking, workdir=sweep.base.workdir)
@@ -46,6 +46,8 @@ def add_parser(sub) -> None:
                         "from stored outputs, without training")
     sp.add_argument("sweep", help="sweep YAML (as given to `mlm sweep`)")
     sp.add_argument("--no-log", action="store_true", help="write the report files only (no MLflow logging)")
+    sp.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="base config override, as given "
+                    "to `mlm sweep` (the report then finds the same runs), repeatable")
     sp.set_defaults(func=cmd_report)
     return None
 

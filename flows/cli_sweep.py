@@ -1,4 +1,4 @@
-"""``mlm sweep SWEEP.yaml [--dry-run] [--concurrency N]``: every variant x seed of a sweep through the pipeline.
+"""``mlm sweep SWEEP.yaml [--dry-run] [--concurrency N] [--set KEY.PATH=VALUE ...]``: every variant x seed of a sweep through the pipeline.
 
 Stdlib only at import (``mlm --help`` stays instant). The command calls ``flows.sweep.sweep_flow``, the
 ``mlm-sweep`` Prefect flow (which calls ``run_sweep``), the way ``mlm run`` calls the pipeline flow; ``--dry-run``
@@ -11,10 +11,11 @@ import sys
 
 def cmd_sweep(args) -> int:
     from mlm_core.sweep import load_sweep
-    sweep = load_sweep(args.sweep, args.concurrency)        # a bad sweep file fails here, before Prefect starts
+    overrides = list(args.set or [])
+    sweep = load_sweep(args.sweep, args.concurrency, overrides)   # a bad sweep file fails here, before Prefect
     if args.dry_run:
         from flows.sweep import run_sweep
-        run_sweep(args.sweep, dry_run=True, concurrency=args.concurrency)
+        run_sweep(args.sweep, dry_run=True, concurrency=args.concurrency, overrides=overrides)
         return 0
     from flows import ephemeral, guard
     from flows.cli import _adopt_servers, prepare_env
@@ -28,7 +29,8 @@ def cmd_sweep(args) -> int:
         guard.quiet_expected_tracebacks()
         ephemeral.start(workdir)
         from flows.sweep import sweep_flow
-        doc = sweep_flow(sweep_path=args.sweep, dry_run=False, concurrency=args.concurrency)
+        doc = sweep_flow(sweep_path=args.sweep, dry_run=False, concurrency=args.concurrency,
+                         overrides=overrides)
     finally:
         signals.restore(previous)
     runs = doc["variants"]
@@ -44,4 +46,6 @@ def add_parser(sub) -> None:
     sp.add_argument("--dry-run", action="store_true", help="only show which stage outputs are shared, stored and "
                     "to run")
     sp.add_argument("--concurrency", type=int, metavar="N", help="runs at once (default: the sweep file's)")
+    sp.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override the base config of every "
+                    "run (YAML syntax; before the variants' own), repeatable: --set pretrain.steps=20000")
     sp.set_defaults(func=cmd_sweep)

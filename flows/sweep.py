@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 SweepPath = Annotated[str, Field(description="Sweep YAML file (relative to the working directory); its `base` "
                                              "names the pipeline config.")]
 DryRun = Annotated[bool, Field(description="Only plan: show which stage outputs are shared, stored and to run.")]
+Overrides = Annotated[list[str], Field(description="Base config overrides KEY.PATH=VALUE applied to every run "
+                                       "before the variant's own, e.g. pretrain.steps=20000 (scale-up).")]
 Concurrency = Annotated[Optional[int], Field(default=None, ge=1, description="Runs at once (empty: the sweep "
                                                                                 "file's `concurrency`).")]
 
@@ -42,11 +44,14 @@ class SweepFailed(MlmError):
 
 
 def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = None,
-              echo: Callable[[str], None] = print, after_run: Callable | None = None) -> dict:
+              echo: Callable[[str], None] = print, after_run: Callable | None = None,
+              overrides: list[str] | None = None) -> dict:
     """Plan, show, then run the sweep (module docstring). Returns the plan document (plan.json's content).
 
+    ``overrides``: ``--set`` words applied to every run's base config (``mlm_core.sweep.load_sweep``).
     ``after_run(run, status)`` is called after each run finishes (tests stop a sweep midway with it)."""
-    sweep = load_sweep(sweep_path, concurrency)
+    overrides = list(overrides or [])
+    sweep = load_sweep(sweep_path, concurrency, overrides)
     sp = plan_sweep(sweep)
     lines = table_lines(sp)
     for line in lines:
@@ -61,7 +66,7 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
     tracker = SweepTracker(sweep, params={"sweep_file": sweep_path, "base": str(sweep.base_path), "runs": len(sp.runs),
                                           "variants": ",".join(sweep.variant_names), "seeds": cfg.seeds,
                                           "baseline": cfg.baseline, "match": cfg.match, "metrics": cfg.metrics,
-                                          "concurrency": cfg.concurrency},
+                                          "concurrency": cfg.concurrency, "overrides": overrides},
                            previous_run_id=(read_plan(sweep) or {}).get("mlflow_run_id"))
     status = {rp.run.key: "done" if rp.done else "pending" for rp in sp.runs}
     logs: dict[str, str] = {}
@@ -127,15 +132,16 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
     sp = plan_sweep(sweep)     # plan.json's stage table as stored now, not as it was before the runs
     doc = save()
     failed = [k for k, s in status.items() if s == "failed"]
+    again = " ".join([sweep_path] + [f"--set {w}" for w in overrides])
     report_error = _report(sweep, doc, tracker, echo)
     tracker.finish(doc, "FAILED" if failed or report_error else "FINISHED")
     if failed:
         raise SweepFailed(f"sweep {cfg.name}: {len(failed)} of {len(sp.runs)} run(s) failed (the others are stored; "
-                          f"rerun `mlm sweep {sweep_path}` to retry them):\n  "
+                          f"rerun `mlm sweep {again}` to retry them):\n  "
                           + "\n  ".join(f"{k}: {logs.get(k, '')}" for k in failed))
     if report_error:
         raise SweepFailed(f"sweep {cfg.name}: every run is stored, but the report failed: {report_error}; "
-                          f"rebuild it with `mlm report {sweep_path}`")
+                          f"rebuild it with `mlm report {again}`")
     return doc
 
 
@@ -186,15 +192,16 @@ def _run_here(sweep, run, link: dict) -> bool:
 @flow(name="mlm-sweep", description="Run every variant x seed of a sweep through the pipeline, sharing stored "
                                     "stages; resumable.")
 def sweep_flow(sweep_path: SweepPath = "configs/sweeps/demo.yaml", dry_run: DryRun = False,
-               concurrency: Concurrency = None) -> dict:
+               concurrency: Concurrency = None, overrides: Overrides = []) -> dict:  # noqa: B006
     """Plan a sweep, show which stages are shared, then run what is missing.
 
     Args:
         sweep_path: Sweep YAML file, relative to the project root (the worker's working directory).
         dry_run: Only plan and show the table (nothing runs, nothing is written).
         concurrency: Runs at once; empty: the sweep file's `concurrency`.
+        overrides: Base config overrides KEY.PATH=VALUE (YAML syntax) applied to every run, e.g. pretrain.steps=20000.
     """
-    return run_sweep(sweep_path, dry_run=dry_run, concurrency=concurrency)
+    return run_sweep(sweep_path, dry_run=dry_run, concurrency=concurrency, overrides=overrides)
 
 
 __all__ = ["run_sweep", "sweep_flow", "SweepFailed"]

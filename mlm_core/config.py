@@ -348,6 +348,10 @@ class PretrainConfig(Section):
     steps: int = Field(default=200, ge=1, description="Optimizer steps.", json_schema_extra={"effect": "output"})
     batch_size: int = Field(default=32, ge=1, description="Sequences per micro-batch per process.",
         json_schema_extra={"effect": "output"})
+    seed: int | None = Field(
+        default=None, description="Seed of training only: initialization, masking, data order, dropout (and the "
+        "evaluate stage's transfer fine-tuning). None: the global `seed`. Sweeps vary this one, so runs that differ "
+        "only in it share the tokenizer and shards.", json_schema_extra={"effect": "output"})
     grad_accum: int = Field(default=1, ge=1, description="Micro-batches accumulated per optimizer step.",
         json_schema_extra={"effect": "output"})
     lr: float = Field(default=5e-4, gt=0, description="Peak learning rate (AdamW).",
@@ -619,6 +623,11 @@ class PipelineConfig(Section):
     def tokenizer_from(self) -> str | None:
         """The existing tokenizer the tokenizer stage uses: tokenizer.from, else pretrain.init_from's, else None (train one)."""
         return self.tokenizer.from_ if self.tokenizer.from_ is not None else self.pretrain.init_from
+
+    @property
+    def train_seed(self) -> int:
+        """The seed training (and transfer fine-tuning) uses: pretrain.seed, else the global seed."""
+        return self.pretrain.seed if self.pretrain.seed is not None else self.seed
 
     @property
     def tokenizer_alpha(self) -> float:

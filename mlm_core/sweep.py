@@ -20,8 +20,14 @@ is crossed with every grid point (name ``variant,key=value``); a grid alone name
 
 Validation is the main config's: pydantic, frozen, unknown keys are errors naming their path (with the closest
 key); every variant's overrides are applied to the base config and validated before any work, and an error names
-the sweep file, the variant and the key. A variant may not override ``workdir``, ``tracking`` or ``seed``: the
-runs of one sweep share one store and one MLflow experiment, and ``seeds`` owns the seed.
+the sweep file, the variant and the key. A variant may not override ``workdir``, ``tracking``, ``seed`` or
+``pretrain.seed``: the runs of one sweep share one store and one MLflow experiment, and ``seeds`` owns the seed.
+Seeds: each run's seed is ``pretrain.seed`` (training and transfer fine-tuning only), so runs at different seeds
+share normalize, tokenizer and shards; the global ``seed`` stays the base config's.
+Base overrides (``mlm sweep SWEEP.yaml --set KEY=VALUE``): applied to the base config of every run, before the
+variant's own (how a sweep is scaled up on a GPU).
+Registry: every run registers under ``<registry.model_name>-sweep-<sweep name>`` (an override of each run, unless
+the variant sets ``registry.model_name``), so a sweep's register stages never move the base model's aliases.
 Budget matching (``match``): ``mlm_core.budget.steps_for_budget`` against the baseline variant (else the first),
 added as a ``pretrain.steps`` override. Planning (fingerprints, the dry-run table, plan.json) is ``sweep_plan``.
 """
@@ -41,7 +47,12 @@ from mlm_core.errors import MlmError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 # Keys a variant may not set (module docstring): the sweep shares them across its runs.
-SHARED_KEYS = ("workdir", "tracking", "seed")
+SHARED_KEYS = ("workdir", "tracking", "seed", "pretrain.seed")
+SEED_KEY = "pretrain.seed"          # what a sweep seed sets: training only, so the data stages are shared
+
+
+def _is_shared(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in SHARED_KEYS)
 
 
 class SweepError(MlmError, ValueError):
@@ -69,7 +80,8 @@ class SweepConfig(_Model):
     grid: dict[str, list[Any]] = Field(default_factory=dict, description="{key.path: [values]}: every combination "
                                        "is a variant (crossed with each named variant when both are given).")
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1,
-                             description="Seeds: every variant runs once per seed (the config's `seed`).")
+                             description="Seeds: every variant runs once per seed (the config's `pretrain.seed`: "
+                             "training only; the data stages are shared across seeds).")
     metrics: list[str] = Field(default_factory=list, description="Metrics the report compares across variants.")
     baseline: str | None = Field(default=None, description="The variant the report's paired differences are "
                                  "taken against (and, with match, whose budget every variant gets).")
@@ -102,7 +114,8 @@ class SweepRun:
 
     variant: str
     seed: int
-    overrides: tuple[str, ...]          # KEY.PATH=VALUE words, seed (and matched steps) included
+    overrides: tuple[str, ...]          # KEY.PATH=VALUE words: base --set words, registry name, the variant's,
+                                        # matched steps, pretrain.seed
     settings: dict = field(default_factory=dict, compare=False)   # the variant's {key.path: value}
 
     @property
@@ -118,6 +131,7 @@ class Sweep:
     base: LoadedConfig
     runs: tuple[SweepRun, ...]
     steps: dict = field(default_factory=dict)   # variant -> matched pretrain.steps (match != none)
+    base_overrides: tuple[str, ...] = ()        # `mlm sweep --set` words, applied to every run's base config
 
     @property
     def variant_names(self) -> list[str]:
@@ -176,9 +190,20 @@ def _variant_error(path: Path, name: str, keys: list[str], exc: Exception) -> Sw
     return SweepError(f"{path}: variant {name!r} (sets {', '.join(keys) or 'nothing'}): {msg}")
 
 
-def load_sweep(path: str | Path, concurrency: int | None = None) -> Sweep:
-    """Read and validate a sweep file; every run's config is validated here, before any work."""
+def model_name_for(base_model_name: str, sweep_name: str) -> str:
+    """The registered model name of a sweep's runs: the base config's aliases stay the base config's."""
+    return f"{base_model_name}-sweep-{sweep_name}"
+
+
+def load_sweep(path: str | Path, concurrency: int | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Sweep:
+    """Read and validate a sweep file; every run's config is validated here, before any work.
+
+    ``overrides``: ``KEY.PATH=VALUE`` words (``mlm sweep --set``) applied to the base config of every run."""
     path = Path(path)
+    overrides = tuple(overrides or ())
+    seeded = [w for w in overrides if w.split("=", 1)[0].strip() == SEED_KEY]
+    if seeded:
+        raise SweepError(f"--set {seeded[0]}: the sweep's `seeds` set {SEED_KEY}")
     cfg = read_sweep_config(path)
     if concurrency is not None:
         if concurrency < 1:
@@ -188,9 +213,10 @@ def load_sweep(path: str | Path, concurrency: int | None = None) -> Sweep:
     if not base_path.is_file():
         raise SweepError(f"{path}: base: {cfg.base}: config file not found ({base_path})")
     try:
-        base = load_config(base_path)
+        base = load_config(base_path, list(overrides))
     except ConfigError as exc:
         raise SweepError(f"{path}: base: {exc}") from None
+    model_name = model_name_for(base.config.registry.model_name, cfg.name)
     variants = expand(cfg)
     names = [n for n, _ in variants]
     if cfg.baseline is not None and cfg.baseline not in names:
@@ -198,24 +224,31 @@ def load_sweep(path: str | Path, concurrency: int | None = None) -> Sweep:
                          f"(variants: {', '.join(names)})")
     loaded: dict[str, LoadedConfig] = {}
     for name, settings in variants:
-        shared = [k for k in settings if k.split(".")[0] in SHARED_KEYS]
+        shared = [k for k in settings if _is_shared(k)]
         if shared:
             raise SweepError(f"{path}: variant {name!r}: {', '.join(shared)}: a variant may not set "
                              f"{'/'.join(SHARED_KEYS)} (the sweep's runs share one workdir and one MLflow "
-                             "experiment; `seeds` sets the seed)")
-        words = [override_word(k, v) for k, v in settings.items()]
+                             f"experiment; `seeds` sets {SEED_KEY})")
+        words = _run_words(overrides, model_name, settings)
         try:
-            loaded[name] = load_config(base_path, words + [f"seed={cfg.seeds[0]}"])
+            loaded[name] = load_config(base_path, words + [f"{SEED_KEY}={cfg.seeds[0]}"])
         except ConfigError as exc:
             raise _variant_error(path, name, list(settings), exc) from None
     steps = _matched_steps(cfg, path, variants, loaded)
     runs = []
     for name, settings in variants:
-        words = [override_word(k, v) for k, v in settings.items()]
+        words = _run_words(overrides, model_name, settings)
         if name in steps:
             words.append(f"pretrain.steps={steps[name]}")
-        runs.extend(SweepRun(name, seed, tuple(words + [f"seed={seed}"]), dict(settings)) for seed in cfg.seeds)
-    return Sweep(cfg, path, base_path, base, tuple(runs), steps)
+        runs.extend(SweepRun(name, seed, tuple(words + [f"{SEED_KEY}={seed}"]), dict(settings))
+                    for seed in cfg.seeds)
+    return Sweep(cfg, path, base_path, base, tuple(runs), steps, overrides)
+
+
+def _run_words(overrides: tuple[str, ...], model_name: str, settings: dict) -> list[str]:
+    """A run's ``--set`` words before its steps and seed: base overrides, the sweep's model name, the variant."""
+    name = [] if "registry.model_name" in settings else [override_word("registry.model_name", model_name)]
+    return list(overrides) + name + [override_word(k, v) for k, v in settings.items()]
 
 
 def _matched_steps(cfg: SweepConfig, path: Path, variants: list, loaded: dict) -> dict[str, int]:
@@ -248,4 +281,4 @@ def sweep_schema_text() -> str:
 
 
 __all__ = ["SweepConfig", "Variant", "Sweep", "SweepRun", "SweepError", "load_sweep", "read_sweep_config",
-           "expand", "override_word", "sweep_json_schema", "sweep_schema_text"]
+           "expand", "override_word", "model_name_for", "sweep_json_schema", "sweep_schema_text"]

@@ -147,7 +147,8 @@ def test_cli_surface_is_frozen():
         assert {"--alias", "--reason", "--config"} <= opts(sub.choices[cmd])
     assert {"--version", "--force"} <= opts(sub.choices["promote"])
     assert {"--config", "--set", "--out", "--json"} <= opts(sub.choices["compare"])   # mlm compare A B --config C
-    assert {"--dry-run", "--concurrency"} <= opts(sub.choices["sweep"])   # mlm sweep SWEEP.yaml (issue 12)
+    assert {"--dry-run", "--concurrency", "--set"} <= opts(sub.choices["sweep"])   # mlm sweep SWEEP.yaml (issue 12)
+    assert {"--no-log", "--set"} <= opts(sub.choices["report"])            # the same --set finds the same runs
     status_config = next(a for a in sub.choices["status"]._actions if a.dest == "config")
     assert status_config.nargs == "?"                           # `mlm status` alone finds ./mlm.yaml or configs/*.yaml
 

@@ -97,6 +97,9 @@ def test_variant_override_errors_name_the_variant_and_key(tmp_path):
     f = _sweep(tmp_path, {"variants": [{"name": "a", "set": {"seed": 3}}]})
     with pytest.raises(SweepError, match=r"variant 'a': seed: a variant may not set"):
         load_sweep(f)
+    f = _sweep(tmp_path, {"variants": [{"name": "a", "set": {"pretrain.seed": 3}}]})
+    with pytest.raises(SweepError, match=r"variant 'a': pretrain\.seed: a variant may not set"):
+        load_sweep(f)
 
 
 def test_baseline_must_be_a_variant(tmp_path):
@@ -118,7 +121,8 @@ def test_runs_are_variants_crossed_with_grid_and_seeds(tmp_path):
     run = next(r for r in sw.runs if r.variant == "span,pretrain.lr=0.002" and r.seed == 1)
     # the overrides are `mlm run --set` words: loading them gives the variant's config, checked field by field
     cfg = load_config(sw.base_path, list(run.overrides)).config
-    assert (cfg.pretrain.masking.strategy, cfg.pretrain.lr, cfg.seed) == ("span", 0.002, 1)
+    assert (cfg.pretrain.masking.strategy, cfg.pretrain.lr, cfg.pretrain.seed, cfg.seed) == ("span", 0.002, 1, 0)
+    assert cfg.registry.model_name == "sweeptest-model-sweep-s"      # the base model's aliases stay its own
 
 
 def test_schema_file_in_sync():
@@ -144,13 +148,34 @@ def test_dry_run_table_shares_upstream_and_writes_nothing(tmp_path, capsys):
     assert main(["sweep", str(f), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "normalize  1 output shared by 4 runs (to run)" in out, out
-    # the global seed also draws the tokenizer's sample and held-out documents: one tokenizer per seed
-    assert "tokenizer  2 outputs for 4 runs (each shared by 2): 0 done, 2 to run" in out, out
+    # sweep seeds are pretrain.seed (training only): one tokenizer for every seed
+    assert "tokenizer  1 output shared by 4 runs (to run)" in out, out
     assert "pretrain   4 outputs for 4 runs: 0 done, 4 to run" in out, out
     assert not (tmp_path / "work").exists()              # a dry run writes nothing
 
 
 # ------------------------------------------------------------------------------------- running
+def _weights_digest(work: Path, entry: dict) -> str:
+    import hashlib
+    folder = StageStore(work).out_dir("pretrain", entry["config_fingerprints"]["pretrain"])
+    return hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+
+
+def _registered(workdir: Path, name: str) -> dict | None:
+    """The registry's versions and aliases of model ``name`` (None when it is not registered)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    if not (workdir / "mlflow.db").is_file():      # do not create the database before the sweep does
+        return None
+    c = mlflow.MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}",
+                            registry_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    try:
+        m = c.get_registered_model(name)
+    except MlflowException:
+        return None
+    return {"aliases": dict(m.aliases or {}), "versions": len(c.search_model_versions(f"name='{name}'"))}
+
+
 def _runs(workdir: Path, experiment: str):
     import mlflow
     mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
@@ -160,8 +185,9 @@ def _runs(workdir: Path, experiment: str):
 def test_caching_2x2_shares_upstream_and_nests_runs(tmp_path, prefect_harness, counts):
     from flows.sweep import run_sweep
     f = _sweep(tmp_path, {"variants": [{"name": "token"}, {"name": "p30", "set": {"pretrain.masking.rate": 0.3}}],
-                          "grid": {"pretrain.lr": [0.001, 0.002]}, "seeds": [0], "baseline": "token,pretrain.lr=0.001",
-                          "metrics": ["top1"]})
+                          "seeds": [0, 1], "baseline": "token", "metrics": ["top1"]})
+    base_cfg = load_config(tmp_path / "cfg.yaml").config
+    registered = _registered(tmp_path / "work", base_cfg.registry.model_name)      # None: not registered yet
     doc = run_sweep(str(f), echo=lambda line: None)
     work = tmp_path / "work"
     assert dict(counts) == {"normalize": 1, "tokenizer": 1, "shards": 1, "pretrain": 4, "evaluate": 4,
@@ -176,7 +202,14 @@ def test_caching_2x2_shares_upstream_and_nests_runs(tmp_path, prefect_harness, c
         plans = stages.plan(load_config(sw.base_path, list(run.overrides)))
         assert entry["config_fingerprints"] == {k: p.fingerprint for k, p in plans.items()}
         assert all(p.status == "done" for p in plans.values()) and entry["status"] == "done"
-    assert stored["baseline"] == "token,pretrain.lr=0.001" and stored["metrics"] == ["top1"]
+    assert stored["baseline"] == "token" and stored["metrics"] == ["top1"]
+    # seeds vary training only: the 4 trained models differ pairwise (init, masking, order, dropout per seed)
+    weights = {entry["config_fingerprints"]["pretrain"]: _weights_digest(work, entry) for entry in stored["variants"]}
+    assert len(set(weights.values())) == 4, weights
+    # every run registered under the sweep's own model name; the base config's model name is untouched
+    assert _registered(work, base_cfg.registry.model_name) == registered
+    swept = _registered(work, f"{base_cfg.registry.model_name}-sweep-s")
+    assert swept is not None and swept["versions"] == 4, swept
     assert {r["stage"]: (r["outputs"], r["to_run"]) for r in stored["stages"]} == {
         name: (1 if name in ("normalize", "tokenizer", "shards") else 4, 0) for name in stages.STAGES}
 
@@ -311,7 +344,8 @@ def test_flow_form_is_typed_and_described():
     """The Prefect UI renders the mlm-sweep form from the flow's parameter schema."""
     from flows.sweep import sweep_flow
     props = sweep_flow.parameters.model_dump()["properties"]
-    assert set(props) == {"sweep_path", "dry_run", "concurrency"}
+    assert set(props) == {"sweep_path", "dry_run", "concurrency", "overrides"}
+    assert props["overrides"]["type"] == "array" and props["overrides"]["items"]["type"] == "string"
     assert props["sweep_path"]["type"] == "string" and props["dry_run"]["type"] == "boolean"
     assert {"type": "integer", "minimum": 1} in props["concurrency"]["anyOf"]
     assert all(p.get("description") for p in props.values())
@@ -379,3 +413,29 @@ def test_sweep_section_and_concurrency_override(tmp_path):
         load_sweep(f, concurrency=0)
     with pytest.raises(SweepError, match=r"base: nope\.yaml: config file not found"):
         load_sweep(_sweep(tmp_path, {"base": "nope.yaml", "variants": [{"name": "a"}]}, base=base))
+
+
+def test_set_overrides_every_run_before_the_variants(tmp_path, capsys):
+    """`mlm sweep --set` / `mlm report --set`: applied to the base config of every run, the variant's own win."""
+    f = _sweep(tmp_path, {"variants": [{"name": "a"}, {"name": "b", "set": {"pretrain.lr": 0.001}}], "seeds": [0, 1]})
+    sw = load_sweep(f, overrides=["pretrain.lr=0.003", "pretrain.steps=7"])
+    got = {(r.variant, r.seed): sw.load_run(r).config for r in sw.runs}
+    assert {k: (c.pretrain.lr, c.pretrain.steps, c.pretrain.seed) for k, c in got.items()} == {
+        ("a", 0): (0.003, 7, 0), ("a", 1): (0.003, 7, 1), ("b", 0): (0.001, 7, 0), ("b", 1): (0.001, 7, 1)}
+    assert sw.base.config.pretrain.steps == 7
+    # the overridden runs are other runs than the plain sweep's: other pretrain fingerprints
+    plain = load_sweep(f)
+    fp = lambda s, r: stages.plan(s.load_run(r))["pretrain"].fingerprint  # noqa: E731
+    assert fp(sw, sw.runs[0]) != fp(plain, plain.runs[0])
+    with pytest.raises(SweepError, match=r"--set pretrain\.seed=3: the sweep's `seeds` set pretrain\.seed"):
+        load_sweep(f, overrides=["pretrain.seed=3"])
+    with pytest.raises(SweepError, match=r"(?s)base: .*pretrain\.stepz: unknown key"):
+        load_sweep(f, overrides=["pretrain.stepz=3"])
+    from flows.cli import main
+    assert main(["sweep", str(f), "--dry-run", "--set", "pretrain.steps=7"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[2] for line in out.splitlines() if line.startswith(("a ", "b "))] == ["7"] * 4, out
+    # a variant that names its own registry.model_name keeps it
+    f = _sweep(tmp_path, {"variants": [{"name": "a", "set": {"registry.model_name": "mine"}}, {"name": "b"}]})
+    assert [load_sweep(f).load_run(r).config.registry.model_name for r in load_sweep(f).runs] == [
+        "mine", "sweeptest-model-sweep-s"]

@@ -26,7 +26,9 @@ def evaluate_model(model_dir: Path, shards_dir: Path, normalize_dir: Path | None
     plot = out_dir / "reliability.png" if out_dir is not None else None
     result = run_intrinsic(model_dir, shards_dir, normalize_dir, cfg, seed=lc.config.seed, plot_path=plot)
     if cfg.upos or cfg.classification or cfg.retrieval:
-        result["transfer"] = run_transfer(model_dir, cfg, lc.base_dir, lc.config.seed)
+        # fine-tuning is training: the run's training seed (pretrain.seed, else the global seed), so a sweep
+        # seed varies it too; the intrinsic masks keep the global seed (the same positions for every run)
+        result["transfer"] = run_transfer(model_dir, cfg, lc.base_dir, lc.config.train_seed)
     else:
         result["transfer"] = {}
     if cfg.efficiency:          # parameters, latency, throughput, peak memory (efficiency.py)

@@ -1,7 +1,8 @@
 """The pretrain stage: shard set + tokenizer -> a trained masked language model.
 
 In: ``upstream["shards"]`` (a shards Artifact) and ``upstream["tokenizer"]`` (its tokenizer.json and special
-tokens), ``lc.config.pretrain`` and ``lc.config.seed``. Out (in ``out_dir``):
+tokens), ``lc.config.pretrain`` and ``lc.config.train_seed`` (pretrain.seed, else the global seed).
+Out (in ``out_dir``):
 
   model.safetensors   the masked language model (for ELECTRA: the generator, the model that fills masks;
                       evaluate, PLL, fill-mask and the audit score it); its Arch is in the safetensors metadata
@@ -55,7 +56,7 @@ def trajectory_key(lc, upstream: dict) -> str:
     init = _init_input(lc)
     if init is not None:     # the checkpoint's content hash, not its path: moved files keep the trajectory
         cfg = cfg.model_copy(update={"init_from": None})
-    key = {"train": train_fingerprint(cfg, lc.config.seed), "upstream": ups,
+    key = {"train": train_fingerprint(cfg, lc.config.train_seed), "upstream": ups,
            "code_version": STAGES["pretrain"].code_version}
     return config_fingerprint(key | ({"init_from": init} if init is not None else {}))
 
@@ -107,7 +108,7 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
     from mlm_core.train.distributed import launch
     from mlm_core.train.loop import ElectraModel, build_model, train
 
-    cfg, seed = lc.config.pretrain, lc.config.seed
+    cfg, seed = lc.config.pretrain, lc.config.train_seed      # pretrain.seed, else the global seed
     shards, tok = upstream["shards"], upstream["tokenizer"]
     _check_inputs(cfg, shards, tok)
     init = None
