@@ -80,11 +80,17 @@ class SweepTracker:
         self.tracker.end_pipeline(status)
 
 
-def _die_with_parent() -> None:   # runs in the child between fork and exec
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):   # not Linux: the child may outlive a killed sweep
-        pass
+def _die_with_parent(parent: int):
+    """The child's preexec hook (between fork and exec): SIGTERM when the sweep process dies."""
+    def hook() -> None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):   # not Linux: the child may outlive a killed sweep
+            return
+        # the sweep may have died between fork and prctl (no signal then: it is orphaned already): exit now
+        if os.getppid() != parent:
+            os._exit(143)
+    return hook
 
 
 def prefect_api_url() -> str | None:
@@ -129,7 +135,7 @@ def run_child(sweep, run, link: dict, api_url: str | None) -> tuple[int, Path]:
             if _stopping.is_set():
                 return 143, out
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                    stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent(os.getpid()))
             _children.add(proc)
         try:
             return proc.wait(), out
