@@ -127,6 +127,9 @@ def run_child(sweep, run, link: dict, api_url: str | None) -> tuple[int, Path]:
     env = {**os.environ, **sweep_link.env_for(link)}
     if api_url:
         env["PREFECT_API_URL"] = api_url
+        # the sweep's own server on this machine: when it is gone the sweep was stopped, and Prefect's default
+        # 5 retries with 2^n s backoff per request kept a SIGTERMed child alive ~2 min reporting its crash
+        env.setdefault("PREFECT_CLIENT_MAX_RETRIES", "1")
     cmd = child_command(sweep, run)
     with open(out, "a", encoding="utf-8") as f:    # appended: a resumed run's log follows the killed one's
         f.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
