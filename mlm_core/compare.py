@@ -122,7 +122,7 @@ def score_model(folder: Path, shards_dir: Path, normalize_dir: Path | None, lc,
         ev = _pll_only(folder, shards_dir, normalize_dir, lc)
         from mlm_core.evaluate.transfer import run_transfer
         cfg = lc.config.evaluate
-        ev["transfer"] = (run_transfer(Path(folder), cfg, lc.base_dir, lc.config.seed)
+        ev["transfer"] = (run_transfer(Path(folder), cfg, lc.base_dir, lc.config.train_seed)
                           if cfg.upos or cfg.classification or cfg.retrieval else {})
     audit = run_audit(Path(folder), lc.config.audit, lc.base_dir)
     return ev, audit, notes
