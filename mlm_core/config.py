@@ -461,8 +461,10 @@ class EvaluateConfig(Section):
     retrieval_layer: int = Field(default=-1, description="Hidden layer mean-pooled for retrieval (-1 = last).",
         json_schema_extra={"effect": "output"})
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="Fine-tuning options.")
-    efficiency: bool = Field(default=True, description="Measure parameters, latency at batch 1 (p50/p95), throughput at "
-        "batch 32 and peak memory at seq_len 128 and 512 of the model, on the device named in the report.",
+    efficiency: bool = Field(default=False, description="Measure parameters, latency at batch 1 (p50/p95), throughput at "
+        "batch 32 and peak memory at seq_len 128 and 512 of the model, on the device named in the report (and the model "
+        "card; the efficiency gates need it). Off by default: timings differ from run to run and machine to machine, so "
+        "with it on the evaluate output and the model card are no longer byte-reproducible.",
         json_schema_extra={"effect": "output"})
     efficiency_repeats: int = Field(default=5, ge=1, description="Timed forward passes per latency / throughput figure "
         "(after one warm-up pass); more = steadier percentiles, longer evaluate.", json_schema_extra={"effect": "output"})
