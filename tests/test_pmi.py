@@ -291,7 +291,7 @@ def test_pipeline_pretrains_and_evaluates_with_pmi_masking(tmp_path, one_torch_t
         "shards": {"seq_len": 32, "validation_fraction": 0.15, "workers": 1, "rows_per_shard": 64},
         "pretrain": {"steps": 3, "batch_size": 4, "model": {"size": "tiny", "max_positions": 64},
                      "masking": {"strategy": "pmi"}},
-        "evaluate": {"max_sequences": 4, "pll_sentences": 0, "efficiency_repeats": 2}})
+        "evaluate": {"max_sequences": 4, "pll_sentences": 0, "efficiency": True, "efficiency_repeats": 2}})
     plans = plan(lc)
     arts = {name: execute(lc, name, plans)[0] for name in ("normalize", "tokenizer", "shards", "pretrain", "evaluate")}
     pmi = arts["tokenizer"].manifest["pmi"]
