@@ -169,22 +169,29 @@ def test_local_cluster_output_equals_local(tmp_path, local_reference, prefect_ha
     assert engine._SESSION is None                      # the run's LocalCluster is closed
 
 
-def test_worker_killed_mid_stage_output_identical(tmp_path, shared_cluster, local_reference, prefect_harness):
-    c = shared_cluster
-    cfg = write_config(tmp_path, "kill")
-    parts = tmp_path / "kill" / "work" / "partitions" / "normalize"
+
+def kill_after_partitions(cluster, worker: str, parts: Path, n: int, timeout: float):
+    """kill -9 ``worker`` once ``n`` partitions under ``parts`` are complete: (event set on the kill, thread)."""
     killed = threading.Event()
 
     def killer():
-        deadline = time.time() + 120
+        deadline = time.time() + timeout
         while time.time() < deadline:
-            if len(list(parts.glob("*/part.json"))) >= 3:
-                c.kill("w1")
+            if len(list(parts.glob("*/part.json"))) >= n:
+                cluster.kill(worker)
                 killed.set()
                 return
             time.sleep(0.05)
     t = threading.Thread(target=killer, daemon=True)
     t.start()
+    return killed, t
+
+
+def test_worker_killed_mid_stage_output_identical(tmp_path, shared_cluster, local_reference, prefect_harness):
+    c = shared_cluster
+    cfg = write_config(tmp_path, "kill")
+    parts = tmp_path / "kill" / "work" / "partitions" / "normalize"
+    killed, t = kill_after_partitions(c, "w1", parts, 3, timeout=120)
     res = run_flow(cfg, *dask_overrides(c))
     t.join(5)
     assert killed.is_set(), "the worker was not killed mid-stage"
@@ -329,18 +336,7 @@ def test_shards_on_dask_with_a_worker_killed_equal_local(tmp_path, clusters, sha
         [res] = STAGE_FLOWS[name](config_path=str(cfg), overrides=over)
         assert sha256s(res["path"]) == sha256s(shards_reference[name].path), name
     parts = tmp_path / "shards-kill" / "work" / "partitions" / "shards"
-    killed = threading.Event()
-
-    def killer():
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if len(list(parts.glob("*/part.json"))) >= 3:
-                c.kill("w1")
-                killed.set()
-                return
-            time.sleep(0.05)
-    t = threading.Thread(target=killer, daemon=True)
-    t.start()
+    killed, t = kill_after_partitions(c, "w1", parts, 3, timeout=180)
     [res] = STAGE_FLOWS["shards"](config_path=str(cfg), overrides=over)
     t.join(5)
     assert killed.is_set(), "the worker was not killed mid-stage"
