@@ -295,12 +295,8 @@ def plot(result: dict, path: Path) -> Path:
         ax.legend(fontsize=8)
     a, b = (_short_label(lbl) for lbl in result["labels"])
     fig.suptitle(f"A: {a}    B: {b}", fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    from mlm_core.figures import save_figure
+    return save_figure(fig, path)
 
 
 def _short_label(ref: str, width: int = 48) -> str:

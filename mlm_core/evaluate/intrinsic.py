@@ -245,12 +245,8 @@ def reliability_plot(results: Mapping[str, dict], path: Path) -> Path:
         axes.flat[0].set_visible(True)
         axes.flat[0].text(0.5, 0.5, "no language evaluated", ha="center", va="center")
         axes.flat[0].set_axis_off()
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    from mlm_core.figures import save_figure
+    return save_figure(fig, path)
 
 
 # ------------------------------------------------------------------------------------------ wrapper

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlm_core.figures import save_figure
 from mlm_core.report.stats import summarize
 
 
@@ -69,10 +70,7 @@ def val_loss_vs_flops(runs, path: Path) -> Path | None:
     ax.set_title("Validation loss vs training compute")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def top1_vs_baseline(runs, path: Path) -> Path | None:
@@ -93,10 +91,7 @@ def top1_vs_baseline(runs, path: Path) -> Path | None:
     ax.set_title("Top-1 per language vs the unigram baseline")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def transfer(runs, path: Path) -> Path | None:
@@ -119,10 +114,7 @@ def transfer(runs, path: Path) -> Path | None:
         ax.set_title(f"Zero-shot {task} transfer per target language")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def crows(runs, path: Path) -> Path | None:
@@ -139,10 +131,7 @@ def crows(runs, path: Path) -> Path | None:
     ax.set_title("CrowS-Pairs per language")
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 PLOTS = {
