@@ -152,16 +152,26 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
     return LoadedConfig(cfg, Path(path) if path else None, base, tuple(overrides))
 
 
-def config_json_schema() -> dict:
-    """The JSON Schema of the pipeline config (what ``schemas/config.schema.json`` holds)."""
-    schema = PipelineConfig.model_json_schema()
+def model_json_schema(model, title: str) -> dict:
+    """The draft 2020-12 JSON Schema of a pydantic model, titled (the config's and the sweep file's)."""
+    schema = model.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "mlm-pipeline config"
+    schema["title"] = title
     return schema
 
 
+def schema_json_text(schema: dict) -> str:
+    """A schema as its stored file's text (sorted keys, 2-space indent, trailing newline)."""
+    return json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def config_json_schema() -> dict:
+    """The JSON Schema of the pipeline config (what ``schemas/config.schema.json`` holds)."""
+    return model_json_schema(PipelineConfig, "mlm-pipeline config")
+
+
 def schema_text() -> str:
-    return json.dumps(config_json_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    return schema_json_text(config_json_schema())
 
 
 def config_reference_markdown() -> str:

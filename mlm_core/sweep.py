@@ -42,7 +42,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mlm_core.configio import ConfigError, LoadedConfig, format_validation_error, load_config
+from mlm_core.configio import (ConfigError, LoadedConfig, format_validation_error, load_config, model_json_schema,
+                                schema_json_text)
 from mlm_core.errors import MlmError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
@@ -270,14 +271,11 @@ def _matched_steps(cfg: SweepConfig, path: Path, variants: list, loaded: dict) -
 
 def sweep_json_schema() -> dict:
     """The JSON Schema of sweep files (what ``schemas/sweep.schema.json`` holds; a test keeps it in sync)."""
-    schema = SweepConfig.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "mlm-pipeline sweep"
-    return schema
+    return model_json_schema(SweepConfig, "mlm-pipeline sweep")
 
 
 def sweep_schema_text() -> str:
-    return json.dumps(sweep_json_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    return schema_json_text(sweep_json_schema())
 
 
 __all__ = ["SweepConfig", "Variant", "Sweep", "SweepRun", "SweepError", "load_sweep", "read_sweep_config",
