@@ -102,3 +102,14 @@ def test_torchrun_command_for_multi_node():
     with pytest.raises(DistributedTrainingError, match="rdzv_endpoint"):
         # the config refuses it (test_multinode); the launcher refuses it too for a config built without checks
         torchrun_command(DistributedConfig.model_construct(nproc_per_node=2, nnodes=2), "a.json")
+
+
+def test_a_marker_glued_onto_another_line_is_split_off():
+    """Ranks share torchrun's stdout pipe: a heartbeat once landed between a metrics record and its newline
+    (CI, test_multinode). The launcher reads every marker as a line of its own."""
+    from mlm_core.train.distributed import split_marked
+    rec = '{"type": "train", "step": 1, "loss": 6.0}'
+    assert split_marked("@@MLM_METRICS " + rec + "@@MLM_HB 1 1") == ["@@MLM_METRICS " + rec, "@@MLM_HB 1 1"]
+    assert split_marked("W0101 some warning@@MLM_HB 0 7") == ["W0101 some warning", "@@MLM_HB 0 7"]
+    assert split_marked("@@MLM_HB 0 3") == ["@@MLM_HB 0 3"]
+    assert split_marked("a plain @@MLM_ line") == ["a plain @@MLM_ line"]

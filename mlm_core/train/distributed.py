@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -160,9 +161,19 @@ def torchrun_command(dist_cfg, args_file: Path, module: str = "mlm_core.train.wo
     return cmd + ["-m", module, str(args_file)]
 
 
+_MARKER = re.compile(r"(?=@@MLM_(?:METRICS|HB) )")
+
+
+def split_marked(line: str) -> list[str]:
+    """One read line as the lines the ranks meant: a marker glued onto another line (ranks share one pipe;
+    a writer outside our ``emit``, such as a library's print, can still split a line) starts a line of its own."""
+    return [part for part in _MARKER.split(line) if part]
+
+
 def _reader(stream, q: queue.Queue) -> None:
     for line in iter(stream.readline, ""):
-        q.put(line.rstrip("\n"))
+        for part in split_marked(line.rstrip("\n")):
+            q.put(part)
     q.put(None)
 
 

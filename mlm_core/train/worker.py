@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 import traceback
@@ -41,15 +42,22 @@ def run(args: dict) -> dict:
         init = InitSpec(**args["init"])
     model, _ = build_model(cfg, int(ds.manifest["vocab_size"]), specials["pad"], init=init)
 
+    def emit(line: str) -> None:
+        # every rank shares torchrun's stdout pipe: one write per line keeps lines whole (a pipe write below
+        # PIPE_BUF is atomic; print() writes the text and its newline separately, so another rank's line
+        # could land in between)
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), (line + "\n").encode())
+
     def metrics_cb(rec: dict) -> None:
-        print(METRICS_PREFIX + json.dumps(rec), flush=True)
+        emit(METRICS_PREFIX + json.dumps(rec))
 
     beat = {"t": 0.0}
 
     def heartbeat(step: int) -> None:
         if time.monotonic() - beat["t"] > 5:
             beat["t"] = time.monotonic()
-            print(f"{HEARTBEAT_PREFIX}{rank} {step}", flush=True)
+            emit(f"{HEARTBEAT_PREFIX}{rank} {step}")
 
     from mlm_core.train import signals
     signals.install()           # torchrun forwards SIGTERM/SIGINT: every rank checkpoints at the same step
