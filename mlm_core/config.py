@@ -32,6 +32,9 @@ from mlm_core.effects import (  # noqa: F401  (the effect-marker machinery, re-e
     EFFECTS, FINGERPRINTED, TRAJECTORY, Section, effect_view, field_effect, fingerprint_view, section_type,
     threshold_view, trajectory_view,
 )
+from mlm_core.config_bias import (  # noqa: F401  (re-exported)
+    BiasRegularizerConfig, CdaConfig, DebiasConfig, ProjectionConfig,
+)
 from mlm_core.languages import ISO639_1, SCRIPTS, SCRIPTS_BY_LANG as SCRIPTS_BY_LANG_KNOWN
 
 
@@ -214,6 +217,8 @@ class ShardsConfig(Section):
     empty_language: Literal["error", "drop"] = Field(
         default="error", description="A language with no documents: fail (error) or drop it with a warning (drop).",
         json_schema_extra={"effect": "output"})
+    cda: CdaConfig | None = Field(default=None, description="Counterfactual data augmentation of the training split "
+                                  "(None: off).")
 
 
 class ModelConfig(Section):
@@ -241,6 +246,15 @@ class ModelConfig(Section):
         json_schema_extra={"effect": "output"})
     tie_embeddings: bool = Field(default=True, description="Tie the MLM output projection to the input embeddings.",
         json_schema_extra={"effect": "output"})
+    attention: Literal["global", "local_global"] = Field(
+        default="global", description="global: every token attends to every token (BERT). local_global: sliding-window "
+        "attention of `window` tokens in every layer but each `global_every`-th, which stays global (ModernBERT's "
+        "alternation; Longformer / BigBird's local attention): memory grows ~linearly with seq_len. No transformers "
+        "equivalent: such a model does not export to BERT.", json_schema_extra={"effect": "output"})
+    window: int = Field(default=128, ge=2, description="local_global: tokens a local layer's query sees (centred on "
+                        "it: window/2 each side).", json_schema_extra={"effect": "output"})
+    global_every: int = Field(default=3, ge=1, description="local_global: every k-th layer (k, 2k, ...; counted "
+                              "from 1) is global, the others local.", json_schema_extra={"effect": "output"})
 
     @model_validator(mode="after")
     def _heads(self) -> "ModelConfig":
@@ -391,6 +405,8 @@ class PretrainConfig(Section):
         default=None, gt=0, description="Declared peak FLOP/s per process for the MFU estimate (default: 175e9 on CPU, "
         "989e12 bf16 on H100/H200-class GPUs).", json_schema_extra={"effect": "none"})
     distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="torchrun options.")
+    bias_regularizer: BiasRegularizerConfig | None = Field(
+        default=None, description="Group-mean regularizer against bias, added to the loss (None: off).")
 
     @field_validator("compile", mode="before")
     @classmethod
@@ -581,6 +597,8 @@ class PipelineConfig(Section):
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig, description="The pretrain stage.")
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig, description="The evaluate stage.")
     audit: AuditConfig = Field(default_factory=AuditConfig, description="The audit stage.")
+    debias: DebiasConfig = Field(default_factory=DebiasConfig, description="Post-hoc debiasing the evaluate and "
+                                 "audit stages apply to the trained encoder (the stored model is unchanged).")
     registry: RegistryConfig = Field(default_factory=RegistryConfig, description="Registration and promotion.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig, description="Where data-stage partitions "

@@ -223,9 +223,9 @@ STAGES: dict[str, StageSpec] = {
                           reads=("pretrain", "seed"), run=_run_pretrain, inputs=_pretrain_inputs,
                           summary="train the encoder (MLM or ELECTRA), checkpoint, export"),
     "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), code_version="3",
-                          reads=("evaluate", "seed"), run=_run_evaluate, inputs=_evaluate_inputs,
+                          reads=("evaluate", "seed", "debias"), run=_run_evaluate, inputs=_evaluate_inputs,
                           summary="per-language metrics and zero-shot transfer"),
-    "audit": StageSpec("audit", ("pretrain",), code_version="2", reads=("audit",), run=_run_audit,
+    "audit": StageSpec("audit", ("pretrain",), code_version="2", reads=("audit", "debias"), run=_run_audit,
                        inputs=_audit_inputs, summary="CrowS-Pairs and template bias audits"),
     # registry.gates are declared "output" of this stage, not thresholds: the stage's output *is* the gate
     # decision (gates.json, the model card), promotion follows it, and the stage is cheap and last, so

@@ -29,7 +29,8 @@ DEMO = REPO / "configs" / "demo.yaml"
 
 # Which stage each top-level key belongs to (independent of mlm_core.stages, which derives it).
 OWNER = {"sources": "normalize", "normalize": "normalize", "tokenizer": "tokenizer", "shards": "shards",
-         "pretrain": "pretrain", "evaluate": "evaluate", "audit": "audit", "registry": "register"}
+         "pretrain": "pretrain", "evaluate": "evaluate", "audit": "audit", "registry": "register",
+         "debias": "debias"}
 # Fields read by an earlier stage than their section's: the seed seeds the tokenizer's sample; the demo leaves
 # tokenizer.sampling_alpha unset, so the tokenizer samples with shards.sampling_alpha.
 # pretrain.init_from is also the tokenizer's source when tokenizer.from is unset (the model's own tokenizer).
@@ -39,7 +40,9 @@ DOWNSTREAM = {"normalize": ["normalize", "tokenizer", "shards", "pretrain", "eva
               "tokenizer": ["tokenizer", "shards", "pretrain", "evaluate", "audit", "register"],
               "shards": ["shards", "pretrain", "evaluate", "audit", "register"],
               "pretrain": ["pretrain", "evaluate", "audit", "register"],
-              "evaluate": ["evaluate", "register"], "audit": ["audit", "register"], "register": ["register"]}
+              "evaluate": ["evaluate", "register"], "audit": ["audit", "register"], "register": ["register"],
+              # the post-hoc projection is applied by both scoring stages (the trained model is not touched)
+              "debias": ["evaluate", "audit", "register"]}
 
 
 # ------------------------------------------------------------------------------------------------ the walk
@@ -64,7 +67,27 @@ class _Unset:
 
 
 _UNSET = _Unset()
-BASE = load_config(DEMO)
+# Optional sections the demo leaves unset are set here (valid values) so that their fields are walked too.
+# Paths are relative to configs/ (the demo's folder): the shipped word-pair lists.
+_LISTS = {"en": "bias/en.yaml", "fr": "bias/fr.yaml"}
+OPTIONAL = {"shards.cda": {"share": 0.5, "lists": _LISTS},
+            "pretrain.bias_regularizer": {"weight": 0.1, "layer": -1, "lists": _LISTS},
+            "debias.projection": {"lists": _LISTS, "components": 1, "max_sentences": 100}}
+
+
+def _with_optional() -> dict:
+    import yaml
+    raw = yaml.safe_load(DEMO.read_text())
+    for path, value in OPTIONAL.items():
+        node = raw
+        *head, last = path.split(".")
+        for k in head:
+            node = node.setdefault(k, {})
+        node[last] = value
+    return raw
+
+
+BASE = load_config(DEMO, raw=_with_optional())
 LEAVES = list(_leaves(PipelineConfig, BASE.config, ""))
 # Fields whose section the demo leaves unset: no valid change exists without also rewriting the section.
 SKIPPED = {p: "sources.<lang>.dataset is unset (the demo reads local files; paths and dataset exclude each other)"
