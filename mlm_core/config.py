@@ -252,7 +252,8 @@ class ModelConfig(Section):
         "alternation; Longformer / BigBird's local attention): memory grows ~linearly with seq_len. No transformers "
         "equivalent: such a model does not export to BERT.", json_schema_extra={"effect": "output"})
     window: int = Field(default=128, ge=2, description="local_global: tokens a local layer's query sees (centred on "
-                        "it: window/2 each side).", json_schema_extra={"effect": "output"})
+                        "it: window/2 each side, i.e. keys with |i - j| <= window/2); even, at most max_positions.",
+                        json_schema_extra={"effect": "output"})
     global_every: int = Field(default=3, ge=1, description="local_global: every k-th layer (k, 2k, ...; counted "
                               "from 1) is global, the others local.", json_schema_extra={"effect": "output"})
 
@@ -260,6 +261,9 @@ class ModelConfig(Section):
     def _heads(self) -> "ModelConfig":
         if self.hidden is not None and self.heads is not None and self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.attention == "local_global" and (self.window % 2 or self.window > self.max_positions):
+            raise ValueError(f"attention local_global: window ({self.window}) must be even and at most max_positions "
+                             f"({self.max_positions}) (a wider window is global attention: set attention: global)")
         return self
 
 
@@ -626,6 +630,13 @@ class PipelineConfig(Section):
             missing = sorted(set(langs) - set(ISO639_1))
             if missing:
                 raise ValueError(f"{key}: {missing} are not ISO 639-1 language codes")
+        # bias word-pair lists (issue 13 part 1): a list for a language the pipeline does not have is a typo
+        for key, sec in (("shards.cda.lists", self.shards.cda), ("pretrain.bias_regularizer.lists",
+                         self.pretrain.bias_regularizer), ("debias.projection.lists", self.debias.projection)):
+            extra = sorted(set(sec.lists) - set(self.sources)) if sec is not None else []
+            if extra:
+                raise ValueError(f"{key}.{extra[0]}: language '{extra[0]}' is not in sources "
+                                 f"({', '.join(sorted(self.sources))})")
         if self.pretrain.masking.strategy == "pmi" and not self.tokenizer.pmi_vocab:
             raise ValueError("pretrain.masking.strategy 'pmi' needs tokenizer.pmi_vocab > 0 (the tokenizer stage "
                              "builds the PMI n-gram vocabulary it masks)")

@@ -9,7 +9,8 @@ exactly: word + position + one token-type embedding -> LayerNorm -> dropout; pos
 (self-attention, residual, LayerNorm; FFN with exact erf GELU, residual, LayerNorm); MLM head
 (dense, GELU, LayerNorm, decoder tied to the word embeddings, output bias). Variants that do not
 export: pre-LN (Xiong et al., 2020: LayerNorm before each sublayer plus a final one) and rotary
-positions (RoFormer, Su et al., 2021). Sinusoidal positions follow Vaswani et al. (2017).
+positions (RoFormer, Su et al., 2021), and local/global attention (sliding windows in all but every k-th
+layer; ``mlm_core.model.attention``). Sinusoidal positions follow Vaswani et al. (2017).
 A checkpoint read by ``pretrained`` sets the rest of its family's arithmetic through the Arch: LayerNorm
 epsilon, FFN activation (transformers' hidden_act), the MLM head's activation (exact GELU for RoBERTa /
 XLM-R / ELECTRA's generator), RoBERTa's position offset and a token-type table with several rows.
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mlm_core.model.attention import LocalMask, global_layers, local_attention
 from mlm_core.model.sizes import Arch
 
 LN_EPS = 1e-12  # BERT's LayerNorm epsilon (Arch.ln_eps's default); the export writes arch.ln_eps
@@ -91,9 +93,10 @@ def segment_mask(segment_ids: torch.Tensor) -> torch.Tensor:
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, arch: Arch):
+    def __init__(self, arch: Arch, local: bool = False):
         super().__init__()
         self.heads, self.dropout = arch.heads, arch.dropout
+        self.local = local      # sliding window (mlm_core.model.attention); ``mask`` is then a LocalMask
         self.qkv = nn.Linear(arch.hidden, 3 * arch.hidden)  # q, k, v fused in one matmul; the export splits it
         self.out = nn.Linear(arch.hidden, arch.hidden)
 
@@ -103,17 +106,21 @@ class SelfAttention(nn.Module):
         if rotary is not None:
             cos, sin = rotary
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+        p = self.dropout if self.training else 0.0
+        if self.local:
+            y = local_attention(q, k, v, mask, dropout_p=p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return self.out(y.transpose(1, 2).reshape(B, T, H))
 
 
 class Block(nn.Module):
     """One transformer layer; ``norm`` decides where the LayerNorms sit (post = BERT, pre = stable deep training)."""
 
-    def __init__(self, arch: Arch):
+    def __init__(self, arch: Arch, local: bool = False):
         super().__init__()
         self.pre_norm = arch.norm == "pre"
-        self.attn = SelfAttention(arch)
+        self.attn = SelfAttention(arch, local)
         self.attn_norm = nn.LayerNorm(arch.hidden, eps=arch.ln_eps)
         self.ffn_in = nn.Linear(arch.hidden, arch.ffn)
         self.ffn_out = nn.Linear(arch.ffn, arch.hidden)
@@ -158,7 +165,8 @@ class MLMEncoder(nn.Module):
         if E != H:
             self.emb_proj = nn.Linear(E, H)   # transformers' embeddings_project
         self.drop = nn.Dropout(arch.dropout)
-        self.blocks = nn.ModuleList([Block(arch) for _ in range(arch.layers)])
+        self._global = global_layers(arch.layers, arch.attention, arch.global_every)   # per layer: global or local
+        self.blocks = nn.ModuleList([Block(arch, local=not g) for g in self._global])
         self.final_norm = nn.LayerNorm(H, eps=arch.ln_eps) if arch.norm == "pre" else nn.Identity()
         self.has_mlm_head = mlm_head
         if mlm_head:
@@ -210,9 +218,11 @@ class MLMEncoder(nn.Module):
         x = self.drop(self.emb_norm(x))
         if hasattr(self, "emb_proj"):
             x = self.emb_proj(x)
-        mask = segment_mask(segment_ids) if segment_ids is not None else None
-        for block in self.blocks:
-            x = block(x, mask, rotary)
+        # the dense [B, 1, T, T] mask only when a global layer reads it; local layers share one LocalMask
+        mask = segment_mask(segment_ids) if segment_ids is not None and any(self._global) else None
+        local = LocalMask(T, self.arch.window, segment_ids, x.device) if not all(self._global) else None
+        for block, is_global in zip(self.blocks, self._global):
+            x = block(x, mask if is_global else local, rotary)
         return self.final_norm(x)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
@@ -266,12 +276,14 @@ class MLMEncoder(nn.Module):
         """Training FLOPs (forward + backward) per input token, for MFU.
 
         6 x (matmul weights every token passes through) + 12 x layers x hidden x seq_len for the
-        attention scores and weighted sum (PaLM appendix B / nanoGPT), + the head (dense and vocabulary
+        attention scores and weighted sum (PaLM appendix B / nanoGPT; a local layer's query sees at most
+        window + 1 keys, so seq_len becomes min(seq_len, window + 1) there), + the head (dense and vocabulary
         projection) counted only on the ``mask_rate`` share of tokens that are predicted.
         """
         a = self.arch
         per_layer = 4 * a.hidden * a.hidden + 2 * a.hidden * a.ffn  # q, k, v, out + FFN in/out
-        body = 6 * a.layers * per_layer + 12 * a.layers * a.hidden * seq_len + 6 * a.emb_dim * a.hidden * (
+        span = sum(seq_len if g else min(seq_len, a.window + 1) for g in self._global)    # keys per query, summed
+        body = 6 * a.layers * per_layer + 12 * a.hidden * span + 6 * a.emb_dim * a.hidden * (
             a.emb_dim != a.hidden)
         head = 6 * (a.hidden * a.emb_dim + a.emb_dim * a.vocab_size) if self.has_mlm_head else 0
         return float(body + mask_rate * head)

@@ -9,7 +9,7 @@ family (``arch.family``: ``BertForMaskedLM`` for this pipeline's own models, ``R
 Never pickle: no ``torch.save`` / ``torch.load``; a weight file is data, not code. The export does not
 need transformers at run time: the files are written by hand in the layout transformers 5.24 reads
 (names and config keys in ``hf_layout``, shared with the import; the tests load the result).
-Only the post-LN, learned-or-sinusoidal-position layout exports: anything else would load into
+Only the post-LN, learned-or-sinusoidal-position, global-attention layout exports: anything else would load into
 ``BertForMaskedLM`` without error and compute something different.
 """
 from __future__ import annotations
@@ -68,6 +68,10 @@ def check_exportable(arch: Arch) -> None:
         why.append("rotary position encoding")
     if arch.norm == "pre":
         why.append("pre-LayerNorm")
+    if arch.attention != "global":
+        # ModernBERT alternates the same way, but its layers are not BERT's (pre-LN, GeGLU, rotary, no biases)
+        why.append(f"{arch.attention} attention: sliding windows of {arch.window} tokens, global only every "
+                   f"{arch.global_every}-th layer, where BERT attends globally in every layer")
     if why:
         raise ExportError(f"this model ({' / '.join(why)}) has no matching transformers architecture: refusing to "
                           "export something that would load wrong; the model is saved as safetensors only")

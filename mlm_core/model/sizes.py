@@ -29,7 +29,9 @@ ACTIVATIONS = ("gelu", "gelu_python", "gelu_new", "gelu_pytorch_tanh", "gelu_pyt
                "gelu_accurate", "quick_gelu", "gelu_10", "relu", "relu6", "silu", "swish", "tanh", "mish", "sigmoid")
 FAMILIES = ("bert", "roberta", "xlm-roberta", "electra")
 # fields that ``to_dict`` leaves out at their default (added after models were stored without them)
-_OPTIONAL = ("embedding_size", "ln_eps", "activation", "position_offset", "type_vocab_size", "family")
+_OPTIONAL = ("embedding_size", "ln_eps", "activation", "position_offset", "type_vocab_size", "family", "attention",
+             "window", "global_every")
+ATTENTIONS = ("global", "local_global")
 
 
 class ArchError(MlmError, ValueError):
@@ -62,6 +64,10 @@ class Arch:
     position_offset: int = 0       # first position id (RoBERTa / XLM-R: padding_idx + 1); table = max_positions + offset rows
     type_vocab_size: int = 1       # rows of the token-type table (kept for the export; the forward uses row 0)
     family: str = "bert"           # transformers family the export writes (FAMILIES); also picks the MLM head's activation
+    # local/global attention (mlm_core.model.attention); window / global_every stay at their defaults for global
+    attention: str = "global"      # global (BERT) | local_global: sliding windows but in every global_every-th layer
+    window: int = 128              # local layers: a query sees keys with |i - j| <= window / 2
+    global_every: int = 3          # layers k, 2k, ... (counted from 1) stay global
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads:
@@ -86,6 +92,10 @@ class Arch:
                             f"not {self.position_offset}")
         if self.type_vocab_size < 1 or not self.ln_eps > 0:
             raise ArchError(f"type_vocab_size ({self.type_vocab_size}) must be >= 1 and ln_eps ({self.ln_eps}) > 0")
+        if self.attention not in ATTENTIONS:
+            raise ArchError(f"unknown attention {self.attention!r} ({', '.join(ATTENTIONS)})")
+        if self.window < 2 or self.window % 2 or self.global_every < 1:
+            raise ArchError(f"window ({self.window}) must be even and >= 2, global_every ({self.global_every}) >= 1")
         if not 0 <= self.pad_id < self.vocab_size:
             raise ArchError(f"pad_id {self.pad_id} is outside the vocabulary (size {self.vocab_size})")
 
@@ -143,6 +153,9 @@ def resolve_arch(cfg: ModelConfig, vocab_size: int, pad_id: int, scale: float = 
     if scale != 1.0:
         hidden = _round_to(hidden * scale, heads * (2 if cfg.position == "rotary" else 1))
         ffn = max(8, int(round(ffn * scale)))
+    # window / global_every only for local_global: a global model's Arch (and stored JSON) stays BERT's
+    local = {"attention": cfg.attention, "window": cfg.window, "global_every": cfg.global_every} \
+        if cfg.attention == "local_global" else {}
     return Arch(layers=cfg.layers if cfg.layers is not None else base["layers"], hidden=hidden, heads=heads, ffn=ffn,
                 dropout=cfg.dropout, max_positions=cfg.max_positions, position=cfg.position, norm=cfg.norm,
-                tie_embeddings=cfg.tie_embeddings, vocab_size=vocab_size, pad_id=pad_id)
+                tie_embeddings=cfg.tie_embeddings, vocab_size=vocab_size, pad_id=pad_id, **local)
