@@ -129,17 +129,22 @@ def _tokenizer_inputs(lc: LoadedConfig):
 
 def _pretrain_inputs(lc: LoadedConfig):
     """The initial checkpoint's content hash (pretrain.init_from); None: a fresh model. An ELECTRA export given
-    by its generator folder ``<run>/hf`` also reads the sibling ``<run>/hf-discriminator``: hashed too."""
+    by its generator folder ``<run>/hf`` also reads the sibling ``<run>/hf-discriminator``: hashed too.
+    pretrain.bias_regularizer: its word-pair lists' content hashes (``bias_regularizer_lists``)."""
     from mlm_core.external import folder_hash, resolve_ref
+    bias = None
+    if lc.config.pretrain.bias_regularizer is not None:
+        from mlm_core.bias.regularizer import lists_input
+        bias = {"bias_regularizer_lists": lists_input(lc.config.pretrain.bias_regularizer, lc.base_dir)}
     ref, field = lc.config.pretrain.init_from, "pretrain.init_from"
     if ref is None:
-        return None
+        return bias
     folder = resolve_ref(ref, lc, field)
     got = {"content_hash": folder_hash(folder, lc, field)}
     sibling = folder.parent / "hf-discriminator"
     if folder.name == "hf" and sibling.is_dir():
         got["discriminator_content_hash"] = folder_hash(sibling, lc, field)
-    return {"init_from": got}
+    return {"init_from": got} | (bias or {})
 
 
 def _run_tokenizer(lc, upstream, out_dir):
@@ -159,6 +164,21 @@ def _run_shards(lc, upstream, out_dir):
     return run_shards(lc, upstream, out_dir)
 
 
+def _shards_inputs(lc: LoadedConfig):
+    """shards.cda (issue 13): the content hash of each word-pair list and the global seed (document selection);
+    None without CDA, so the fingerprint of a config without it is unchanged."""
+    cda = lc.config.shards.cda
+    if cda is None:
+        return None
+    import hashlib
+
+    from mlm_core.bias.wordlists import list_paths
+    hashes = {}
+    for lang, p in sorted(list_paths(cda.lists, lc.base_dir).items()):
+        hashes[lang] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None   # missing: shards says
+    return {"cda": {"lists": hashes, "seed": lc.config.seed}}
+
+
 def _run_pretrain(lc, upstream, out_dir, metrics_cb=None):
     from mlm_core.train.stage import run_pretrain
     return run_pretrain(lc, upstream, out_dir, metrics_cb=metrics_cb)
@@ -174,10 +194,19 @@ def _file_stats(lc: LoadedConfig, paths) -> list:
     return out
 
 
+def _with_debias_lists(lc: LoadedConfig, got):
+    """``got`` plus the content hash of each debias.projection word list (read by evaluate and audit; checked at
+    planning: a bad path or language fails here). Unset: ``got`` unchanged, so the fingerprints are too."""
+    if lc.config.debias.projection is None:
+        return got
+    from mlm_core.bias.projection import projection_inputs
+    return {"files": got, "debias.projection.lists": projection_inputs(lc)}
+
+
 def _evaluate_inputs(lc: LoadedConfig):
     ev = lc.config.evaluate
     files = [p for t in (ev.upos, ev.classification) if t for p in [t.train, t.dev, *t.targets.values()] if p]
-    return _file_stats(lc, files + list((ev.retrieval or {}).values()))
+    return _with_debias_lists(lc, _file_stats(lc, files + list((ev.retrieval or {}).values())))
 
 
 def _run_evaluate(lc, upstream, out_dir):
@@ -186,7 +215,8 @@ def _run_evaluate(lc, upstream, out_dir):
 
 
 def _audit_inputs(lc: LoadedConfig):
-    return _file_stats(lc, [*lc.config.audit.crows_pairs.values(), *lc.config.audit.templates.values()])
+    return _with_debias_lists(lc, _file_stats(lc, [*lc.config.audit.crows_pairs.values(),
+                                                   *lc.config.audit.templates.values()]))
 
 
 def _run_audit(lc, upstream, out_dir):
@@ -217,7 +247,7 @@ STAGES: dict[str, StageSpec] = {
                            derived=lambda lc: {"alpha": lc.config.tokenizer_alpha},
                            summary="train a tokenizer on a language-balanced sample"),
     "shards": StageSpec("shards", ("normalize", "tokenizer"), code_version="3", reads=("shards",), run=_run_shards,
-                        derived=lambda lc: {"languages": lc.config.languages}, partitioned=True,
+                        inputs=_shards_inputs, derived=lambda lc: {"languages": lc.config.languages}, partitioned=True,
                         summary="encode, pack and write Arrow shards with the language sampling table"),
     "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), code_version="2",
                           reads=("pretrain", "seed"), run=_run_pretrain, inputs=_pretrain_inputs,

@@ -54,7 +54,8 @@ class WordList:
 
 
 def _norm(phrase: str) -> str:
-    return " ".join(phrase.split())
+    # single spaces between the words of a phrase; one apostrophe (CDA matches the typographic one too)
+    return " ".join(phrase.replace("’", "'").split())
 
 
 class _Ctx:

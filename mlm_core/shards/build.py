@@ -107,6 +107,7 @@ def plan_shards(lc, upstream: dict, part_bytes: int | None = None) -> list[dict]
     docs_dir = Path(upstream["normalize"].path) / "docs"
     _, tok, _, _, _ = _setup(lc, upstream)
     part_bytes = part_bytes or partition_bytes(lc)
+    _cda_lists(lc)          # a bad or missing CDA word list fails here, before any encoding
     langs, dropped = [], []
     for lang in lc.config.languages:
         if _language_docs(docs_dir, lang) == 0:
@@ -147,27 +148,53 @@ def process_shards(lc, upstream: dict, part: dict, out_dir: Path) -> dict:
     path = Path(upstream["normalize"].path) / "docs" / f"{part['lang']}.parquet"
     tok_file, tok, vocab_size, _, layout = _setup(lc, upstream)
     lang, masks = part["lang"], deque()
+    # CDA (mlm_core.bias.cda): the swapped copies of selected training documents, encoded as their own
+    # "cda" task batches right after their batch and kept apart, so merge appends them after the language's
+    # training documents (the same stream for any partitioning)
+    wl = _cda_lists(lc).get(lang)
+    counts = {"selected": 0, "swapped": 0, "words": 0}
 
     def tasks():
         row = part["start"]
-        for b in read_range(path, part["start"], part["stop"], cfg.batch_docs):
+        for b in read_range(path, part["start"], part["stop"], cfg.batch_docs,
+                            ("text", "hash", "doc_id") if wl else ("text", "hash")):
             rows = np.arange(row, row + b.num_rows, dtype=np.int64)
             row += b.num_rows
             masks.append(validation_of(hash_prefix_u32(b.column(1)), rows, part["cut"]))
             yield lang, b.column(0)
+            if wl:
+                from mlm_core.bias.cda import augment
+                copies, got = augment(b.column(0), b.column(2), ~masks[-1], wl, lc.config.seed, cfg.cda.share)
+                counts.update({k: counts[k] + v for k, v in got.items()})
+                if copies:
+                    yield _CDA, pa.array(copies, pa.string())
 
     import multiprocessing as mp
     # a daemonic process (a pool or cluster worker) may not start its own pool: encode on the tokenizer's threads
     workers = min(cfg.workers, IN_PROCESS_MAX_WORKERS) if mp.current_process().daemon else cfg.workers
-    writer = PartWriter()
-    for _, enc in _encode_stream(tasks(), workers, str(tok_file), tok, layout.ids):
+    writer = PartWriter(SPLITS + (_CDA,) if wl else SPLITS)
+    for tag, enc in _encode_stream(tasks(), workers, str(tok_file), tok, layout.ids):
         if len(enc.ids) and int(enc.ids.max()) >= vocab_size:
             raise StageError(f"shards: {lang}: token id {int(enc.ids.max())} >= vocab_size {vocab_size}")
+        if tag == _CDA:
+            writer.add(_CDA, enc)
+            continue
         val = masks.popleft()
         writer.add("train", _select(enc, ~val))
         writer.add("validation", _select(enc, val))
     return writer.save(Path(out_dir), layout.ids, {"index": part["index"], "lang": lang,
-                                                    "rows": part["stop"] - part["start"]})
+                                                    "rows": part["stop"] - part["start"],
+                                                    **({"cda_counts": counts} if wl else {})})
+
+
+_CDA = "cda"     # a partition's swapped copies (process) -> appended to the training split (merge)
+
+
+def _cda_lists(lc) -> dict:
+    if lc.config.shards.cda is None:
+        return {}
+    from mlm_core.bias.cda import shard_lists
+    return shard_lists(lc)
 
 
 def merge_shards(lc, upstream: dict, parts: list[dict], results: list[dict], part_dirs: list[Path],
@@ -179,6 +206,7 @@ def merge_shards(lc, upstream: dict, parts: list[dict], results: list[dict], par
     _check_cover(parts, results)
     langs = list(dict.fromkeys(p["lang"] for p in parts))
     dropped = [lang for lang in lc.config.languages if lang not in langs]
+    cda_lists = _cda_lists(lc)
 
     def pack(lang: str) -> tuple[list[dict], dict]:
         mine = [d for p, d in zip(parts, part_dirs) if p["lang"] == lang]
@@ -189,6 +217,10 @@ def merge_shards(lc, upstream: dict, parts: list[dict], results: list[dict], par
             for d in mine:
                 for enc in load_part(Path(d), split, cfg.batch_docs):
                     pk.add(enc)
+            if split == "train" and lang in cda_lists:       # CDA copies after every original document
+                for d in mine:
+                    for enc in load_part(Path(d), _CDA, cfg.batch_docs):
+                        pk.add(enc)
             st[split] = pk.close()
             files.extend(w.close())
         log.info("shards: %s: %d train rows, %d validation rows", lang, st["train"].rows, st["validation"].rows)
@@ -223,7 +255,21 @@ def merge_shards(lc, upstream: dict, parts: list[dict], results: list[dict], par
                    "docs": sum(p["docs_train"] + p["docs_validation"] for p in per_lang.values())},
         "dropped_languages": dropped,
         "validation_docs": {lang: next(p["validation_docs"] for p in parts if p["lang"] == lang) for lang in langs},
+        **({"cda": _cda_manifest(lc, langs, cda_lists, parts, results)} if lc.config.shards.cda else {}),
     }
+
+
+def _cda_manifest(lc, langs: list[str], cda_lists: dict, parts: list[dict], results: list[dict]) -> dict:
+    """Per listed language: training documents selected, swapped (changed: their copies are in the training
+    split, counted in its docs) and words swapped."""
+    per = {}
+    for lang in langs:
+        if lang in cda_lists:
+            got = [r["cda_counts"] for p, r in zip(parts, results) if p["lang"] == lang]
+            per[lang] = {k: sum(g[k] for g in got) for k in ("selected", "swapped", "words")}
+    return {"share": lc.config.shards.cda.share, "seed": lc.config.seed, "languages": per,
+            "note": "selected: training documents chosen by hash(doc id, seed) < share; swapped: those containing "
+                    "a listed word, whose swapped copy was appended to the training split (docs_train counts them)"}
 
 
 def _check_cover(parts: list[dict], results: list[dict]) -> None:

@@ -116,10 +116,11 @@ def _arrays(split: str) -> dict[str, str]:
 
 
 class PartWriter:
-    """Collects a partition's encoded documents per split and writes them as .npy files (memory-mapped by merge)."""
+    """Collects a partition's encoded documents per split and writes them as .npy files (memory-mapped by merge).
+    ``splits``: the part's splits (with CDA on, also "cda": the swapped copies of its training documents)."""
 
-    def __init__(self):
-        self.chunks: dict[str, list[Encoded]] = {s: [] for s in SPLITS}
+    def __init__(self, splits: tuple[str, ...] = SPLITS):
+        self.chunks: dict[str, list[Encoded]] = {s: [] for s in splits}
 
     def add(self, split: str, enc: Encoded) -> None:
         if len(enc.lens):
@@ -127,8 +128,7 @@ class PartWriter:
 
     def save(self, out_dir: Path, ids_dtype: np.dtype, result: dict) -> dict:
         out_dir.mkdir(parents=True, exist_ok=True)
-        for split in SPLITS:
-            ch = self.chunks[split]
+        for split, ch in self.chunks.items():
             cols = {"ids": np.concatenate([c.ids for c in ch]) if ch else np.zeros(0, ids_dtype),
                     "word_start": np.concatenate([c.word_start for c in ch]) if ch else np.zeros(0, np.uint8),
                     "lens": np.concatenate([c.lens for c in ch]) if ch else np.zeros(0, np.int64)}
