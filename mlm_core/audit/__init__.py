@@ -32,8 +32,9 @@ LIMITS = (
     "them does not make them representative of other languages' societies.")
 
 
-def run_audit(model_dir: Path, cfg, base_dir: Path, batch: int = 64) -> dict:
+def run_audit(model_dir: Path, cfg, base_dir: Path, batch: int = 64, model_hook=None) -> dict:
     """Run every configured audit on the model in ``model_dir`` (``cfg``: an ``AuditConfig``).
+    ``model_hook(model) -> model``: applied to the loaded model first (debias.projection).
 
     All files are read and checked before the model is loaded, so a bad CSV or YAML fails fast with
     a message naming it.
@@ -47,6 +48,8 @@ def run_audit(model_dir: Path, cfg, base_dir: Path, batch: int = 64) -> dict:
     if not pairs and not specs:
         return out
     model, tok, mask = load_model_dir(Path(model_dir))
+    if model_hook is not None:
+        model = model_hook(model)
     from mlm_core.progress import Progress
     shown = Progress("audit", len(pairs) + len(specs), unit="items")     # display only
     for lang, ps in pairs.items():

@@ -16,7 +16,10 @@ def run_audit_stage(lc, upstream: dict, out_dir: Path) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
     out_dir = Path(out_dir)
-    result = run_audit(upstream["pretrain"].path, lc.config.audit, lc.base_dir)
+    hook, debias = _projection(lc, upstream["pretrain"], out_dir)
+    result = run_audit(upstream["pretrain"].path, lc.config.audit, lc.base_dir, model_hook=hook)
+    if debias is not None:      # the scores below are of the projected representations
+        result["debias"] = {"projection": debias}
     (out_dir / "audit.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
     rows = [{"lang": lang, "n": r.get("n"), "metric_score": r.get("metric_score"), "stereo_score": r.get("stereo_score"),
              "antistereo_score": r.get("antistereo_score"), "neutral_pct": r.get("neutral_pct"),
@@ -35,4 +38,23 @@ def run_audit_stage(lc, upstream: dict, out_dir: Path) -> dict:
     return {"crows": rows, "templates": {k: {kk: vv for kk, vv in v.items() if kk in
                                              ("delta_bias", "kl_to_neutral", "kl_to_neutral_mean", "n_templates")}
                                          for k, v in result.get("templates", {}).items()},
-            "limits": result.get("limits"), "metrics": metrics, "counts": {"crows_languages": len(rows)}}
+            "limits": result.get("limits"), "metrics": metrics, "counts": {"crows_languages": len(rows)}} | (
+                {"debias": result["debias"]} if "debias" in result else {})   # unset: the manifest as before
+
+
+def _projection(lc, pre, out_dir: Path):
+    """(hook, record) of debias.projection ((None, None) when unset). The subspace is estimated from the normalized
+    corpus the model was trained on, found through the fingerprints the pretrain manifest recorded (as the
+    register stage's model card does): the audit fingerprint already covers it through pretrain's, and adding
+    normalize to the audit's upstream would change every stored audit's fingerprint, projection or not."""
+    if getattr(getattr(lc.config, "debias", None), "projection", None) is None:
+        return None, None
+    from mlm_core.bias.projection import ProjectionError, prepare
+    from mlm_core.store import StageStore
+    fp = (pre.manifest.get("upstream") or {}).get("normalize")
+    store = StageStore(lc.workdir)
+    if fp is None or not store.is_complete("normalize", fp):
+        raise ProjectionError(f"debias.projection: the normalize output {fp} behind the pretrain output "
+                              f"{pre.fingerprint} is not in the store {store.root}: run `mlm run CONFIG --only "
+                              "normalize` first")
+    return prepare(lc, pre.path, store.out_dir("normalize", fp), out_dir)

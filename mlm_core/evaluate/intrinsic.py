@@ -286,17 +286,20 @@ def validation_texts(normalize_dir: Path, langs: list[str], fraction: float | No
 
 
 def run_intrinsic(model_dir: Path, shards_dir: Path, normalize_dir: Path | None, cfg, seed: int = 0,
-                  plot_path: Path | None = None) -> dict:
+                  plot_path: Path | None = None, model_hook=None) -> dict:
     """Load the model folder, the shard set and (for PLL) the normalized documents; returns
     {"intrinsic": evaluate_intrinsic(...), "pll": evaluate_pll(...) or {} without normalize_dir, "mlm_model"}.
     An ELECTRA folder: model.safetensors is the generator, so the MLM metrics and PLL are the generator's
     ("mlm_model": "generator"), and each language also gets the discriminator's replaced-token detection
     metrics (``rtd``: rtd_acc, rtd_auc, rtd_baseline_acc, ...).
-    ``plot_path``: also write the reliability diagrams there."""
+    ``plot_path``: also write the reliability diagrams there. ``model_hook(model) -> model``: applied to the
+    loaded model before scoring (debias.projection: ``mlm_core.bias.projection``)."""
     from mlm_core.evaluate.pll import evaluate_pll
     from mlm_core.fillmask import load_model_dir
     from mlm_core.shards.reader import ShardDataset
     model, tok, _mask = load_model_dir(Path(model_dir))
+    if model_hook is not None:
+        model = model_hook(model)
     disc = load_discriminator(Path(model_dir))
     with ShardDataset(shards_dir) as ds:
         specials = special_ids_from_manifest(ds.manifest)

@@ -24,11 +24,16 @@ def evaluate_model(model_dir: Path, shards_dir: Path, normalize_dir: Path | None
     from mlm_core.evaluate.transfer import run_transfer
     cfg = lc.config.evaluate
     plot = out_dir / "reliability.png" if out_dir is not None else None
-    result = run_intrinsic(model_dir, shards_dir, normalize_dir, cfg, seed=lc.config.seed, plot_path=plot)
+    # debias.projection (SentenceDebias): every metric below scores the projected representations
+    hook, debias = _projection(lc, model_dir, normalize_dir, out_dir)
+    result = run_intrinsic(model_dir, shards_dir, normalize_dir, cfg, seed=lc.config.seed, plot_path=plot,
+                           model_hook=hook)
+    if debias is not None:
+        result["debias"] = {"projection": debias}
     if cfg.upos or cfg.classification or cfg.retrieval:
         # fine-tuning is training: the run's training seed (pretrain.seed, else the global seed), so a sweep
         # seed varies it too; the intrinsic masks keep the global seed (the same positions for every run)
-        result["transfer"] = run_transfer(model_dir, cfg, lc.base_dir, lc.config.train_seed)
+        result["transfer"] = run_transfer(model_dir, cfg, lc.base_dir, lc.config.train_seed, model_hook=hook)
     else:
         result["transfer"] = {}
     if cfg.efficiency:          # parameters, latency, throughput, peak memory (efficiency.py)
@@ -36,6 +41,17 @@ def evaluate_model(model_dir: Path, shards_dir: Path, normalize_dir: Path | None
         result["efficiency"] = measure_model_dir(model_dir, cfg.efficiency_repeats, cfg.efficiency_device,
                                                  lc.config.seed)
     return result
+
+
+def _projection(lc, model_dir: Path, normalize_dir: Path | None, out_dir: Path | None):
+    """(hook, record) of debias.projection ((None, None) when unset); the subspace comes from the normalized corpus."""
+    if getattr(getattr(lc.config, "debias", None), "projection", None) is None:
+        return None, None
+    from mlm_core.bias.projection import ProjectionError, prepare
+    if normalize_dir is None:
+        raise ProjectionError("debias.projection needs the normalized corpus (the normalize output) to estimate "
+                              "its subspace")
+    return prepare(lc, model_dir, normalize_dir, out_dir)
 
 
 def intrinsic_rows(result: dict) -> list[dict]:
@@ -105,4 +121,5 @@ def run_evaluate(lc, upstream: dict, out_dir: Path) -> dict:
             "languages": {r["lang"]: {k: v for k, v in r.items() if k != "lang"} for r in intrinsic},
             "missing_languages": missing, "transfer": transfer_rows(result), "metrics": flat_metrics(result),
             "efficiency": result.get("efficiency"),
-            "counts": {"languages": len(intrinsic), "missing": len(missing)}}
+            "counts": {"languages": len(intrinsic), "missing": len(missing)}} | (
+                {"debias": result["debias"]} if "debias" in result else {})   # unset: the manifest as before

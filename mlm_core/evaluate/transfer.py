@@ -418,12 +418,16 @@ def run_retrieval(model, tok, files: dict[str, str], layer: int, base_dir: Path)
 
 
 # ---- the entry point -------------------------------------------------------------------------------
-def run_transfer(model_dir: Path, cfg: EvaluateConfig, base_dir: Path, seed: int) -> dict:
-    """Every configured transfer task for the model in ``model_dir``; the model on disk is not modified."""
+def run_transfer(model_dir: Path, cfg: EvaluateConfig, base_dir: Path, seed: int, model_hook=None) -> dict:
+    """Every configured transfer task for the model in ``model_dir``; the model on disk is not modified.
+    ``model_hook(model) -> model``: applied to the encoder before fine-tuning (debias.projection: the task head
+    then sees projected representations)."""
     from mlm_core.evaluate.intrinsic import load_discriminator
     from mlm_core.fillmask import load_model_dir
     model, tok, _ = load_model_dir(Path(model_dir))
     model = load_discriminator(Path(model_dir)) or model    # ELECTRA: the discriminator is the encoder to transfer
+    if model_hook is not None:
+        model = model_hook(model)
     base_dir = Path(base_dir)
     out: dict = {}
     from mlm_core.progress import Progress
