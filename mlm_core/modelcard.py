@@ -141,8 +141,48 @@ def _efficiency_section(eff: dict) -> list[str]:
     return out + _table(["metric", "value"], rows) + [""]
 
 
-def _audit_section(audit: dict) -> list[str]:
-    out = ["## Bias audit", "", "### CrowS-Pairs (% of pairs where the model prefers the more stereotypical "
+def bias_mitigations(shards: dict, training: dict, audit: dict) -> dict:
+    """The mitigations this model was trained and scored with, from its stored outputs: ``shards.cda`` (the
+    shards manifest's counts), ``pretrain.bias_regularizer`` (the pretrain manifest's config) and
+    ``debias.projection`` (the audit's record). {} when none was used (the card is then as before)."""
+    got = {"cda": _get(shards, "cda"), "regularizer": _get(training, "config", "pretrain", "bias_regularizer"),
+           "projection": _get(audit, "debias", "projection")}
+    return {k: v for k, v in got.items() if v}
+
+
+def _mitigation_lines(m: dict) -> list[str]:
+    if not m:
+        return []
+    rows = []
+    cda = m.get("cda")
+    if cda:
+        per = "; ".join(f"{lang}: {_fmt(_get(v, 'swapped'))} documents, {_fmt(_get(v, 'words'))} words swapped"
+                        for lang, v in sorted((_get(cda, "languages") or {}).items()))
+        rows.append(["counterfactual data augmentation (`shards.cda`)", "training data",
+                     f"share {_fmt(_get(cda, 'share'), 2)} of the listed languages' training documents; {per or DASH}"])
+    reg = m.get("regularizer")
+    if reg:
+        rows.append(["representation regularizer (`pretrain.bias_regularizer`)", "training",
+                     f"λ {_fmt(_get(reg, 'weight'))}, layer {_fmt(_get(reg, 'layer'))}, lists: "
+                     f"{', '.join(sorted(_get(reg, 'lists') or {})) or DASH}"])
+    proj = m.get("projection")
+    if proj:
+        sents = ", ".join(f"{lang} {_fmt(n)}" for lang, n in sorted((_get(proj, "sentences") or {}).items()))
+        var = ", ".join(_fmt(v, 3) for v in _get(proj, "explained_variance") or [])
+        rows.append(["SentenceDebias projection (`debias.projection`)", "scoring",
+                     f"k = {_fmt(_get(proj, 'components'))} components removed from the final hidden states; "
+                     f"sentence pairs {sents or DASH}; explained variance {var or DASH}"])
+    out = ["### Mitigation", ""] + _table(["method", "applied to", "details"], rows) + [""]
+    if proj:
+        out += ["**The audit scores below, and the evaluation metrics above, are of the projected representations.** "
+                "The exported model itself is NOT projected: to score as here, apply "
+                "`mlm_core.bias.projection.apply_projection` with the subspace stored in the audit output "
+                f"(`{_get(proj, 'file') or 'projection.safetensors'}`).", ""]
+    return out
+
+
+def _audit_section(audit: dict, mitigations: dict | None = None) -> list[str]:
+    out = ["## Bias audit", ""] + _mitigation_lines(mitigations or {}) + ["### CrowS-Pairs (% of pairs where the model prefers the more stereotypical "
            "sentence; 50 = no preference)", ""]
     rows = [[lang, _get(r, "n"), _fmt(_get(r, "metric_score"), 2), _fmt(_get(r, "stereo_score"), 2),
              _fmt(_get(r, "antistereo_score"), 2), _fmt(_get(r, "neutral_pct"), 2), _get(r, "n_empty_sentence")]
@@ -207,9 +247,10 @@ def summary(training: dict, evaluation: dict | None = None, gates: list | None =
 
 
 def model_card(*, name: str, version, fingerprints: dict, data: dict, tokenizer: dict, training: dict,
-               evaluation: dict, audit: dict, gates: list, promoted: bool) -> str:
+               evaluation: dict, audit: dict, gates: list, promoted: bool, mitigations: dict | None = None) -> str:
     """The markdown model card (sections: details, training data, tokenizer, training, evaluation,
-    zero-shot transfer, bias audit with its limits, promotion gates, decision)."""
+    zero-shot transfer, bias audit with its limits and mitigations (``bias_mitigations``), promotion gates,
+    decision)."""
     fp_rows = [[stage, f"`{fp}`"] for stage, fp in sorted((fingerprints or {}).items())]
     lines = [f"# Model card: {name} (version {_fmt(version)})", "",
              summary(training, evaluation or {}, list(gates or []), promoted), "",
@@ -220,9 +261,9 @@ def model_card(*, name: str, version, fingerprints: dict, data: dict, tokenizer:
     lines += _tokenizer_section(tokenizer or {})
     lines += _training_section(training or {})
     lines += _evaluation_section(evaluation or {})
-    lines += _audit_section(audit or {})
+    lines += _audit_section(audit or {}, mitigations)
     lines += _gates_section(list(gates or []), promoted)
     return "\n".join(lines)
 
 
-__all__ = ["model_card", "summary"]
+__all__ = ["bias_mitigations", "model_card", "summary"]

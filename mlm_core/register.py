@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from mlm_core.gates import all_passed, evaluate_gates
-from mlm_core.modelcard import model_card
+from mlm_core.modelcard import bias_mitigations, model_card
 from mlm_core.store import StageStore
 
 log = logging.getLogger(__name__)
@@ -60,14 +60,17 @@ def card_data(manifests: dict[str, dict]) -> tuple[dict, dict]:
 def card(lc, upstream: dict, gates: list, version: str | int, promoted: bool) -> str:
     pre, ev, au = upstream["pretrain"], upstream["evaluate"], upstream["audit"]
     up = pre.manifest.get("upstream", {})
-    data, tokenizer = card_data(data_manifests(lc, pre))
+    manifests = data_manifests(lc, pre)
+    data, tokenizer = card_data(manifests)
+    audit = _read(au, "audit.json")
     if data["sampling_alpha"] is None:
         data["sampling_alpha"] = lc.config.shards.sampling_alpha
     return model_card(
         name=lc.config.registry.model_name, version=version,
         fingerprints={"pretrain": pre.fingerprint, **up, "evaluate": ev.fingerprint, "audit": au.fingerprint},
         data=data, tokenizer=tokenizer, training=pre.manifest,
-        evaluation=_read(ev, "evaluation.json"), audit=_read(au, "audit.json"), gates=gates, promoted=promoted)
+        evaluation=_read(ev, "evaluation.json"), audit=audit, gates=gates, promoted=promoted,
+        mitigations=bias_mitigations(manifests.get("shards") or {}, pre.manifest, audit))
 
 
 def run_register(lc, upstream: dict, out_dir: Path) -> dict:

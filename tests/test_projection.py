@@ -208,7 +208,7 @@ def test_pipeline_scores_projected_representations_and_unset_changes_nothing(tmp
     assert STAGES["evaluate"].inputs(plain) == _file_stats(plain, [])
     arts = {s: execute(plain, s, p_plain)[0] for s in ("normalize", "tokenizer", "shards", "pretrain", "evaluate",
                                                         "audit")}
-    proj_arts = {s: execute(proj, s, p_proj)[0] for s in ("evaluate", "audit")}
+    proj_arts = {s: execute(proj, s, p_proj)[0] for s in ("evaluate", "audit", "register")}
 
     for s in ("evaluate", "audit"):
         assert "debias" not in arts[s].manifest and not (arts[s].path / SUBSPACE_FILE).exists()
@@ -229,6 +229,29 @@ def test_pipeline_scores_projected_representations_and_unset_changes_nothing(tmp
     assert m0["en.pseudo_perplexity"] != m1["en.pseudo_perplexity"]
     a0, a1 = arts["audit"].manifest["metrics"], proj_arts["audit"].manifest["metrics"]
     assert a0["en.kl_to_neutral"] != a1["en.kl_to_neutral"]
+    card = (proj_arts["register"].path / "model_card.md").read_text(encoding="utf-8")
+    assert "SentenceDebias projection (`debias.projection`)" in card and "NOT projected" in card
+    assert "sentence pairs en 40, fr 40" in card
+
+
+def test_model_card_bias_section_names_the_mitigations_and_is_unchanged_without_them():
+    from mlm_core.modelcard import bias_mitigations, model_card
+    audit = {"crows": {"en": {"n": 10, "metric_score": 60.0}}, "limits": "L.",
+             "debias": {"projection": {"components": 1, "sentences": {"en": 7}, "explained_variance": [0.5],
+                                       "file": "projection.safetensors"}}}
+    shards = {"cda": {"share": 0.5, "languages": {"en": {"selected": 9, "swapped": 4, "words": 11}}}}
+    training = {"config": {"pretrain": {"bias_regularizer": {"weight": 0.1, "layer": -1, "lists": {"en": "x"}}}}}
+    kw = dict(name="m", version=1, fingerprints={}, data={}, tokenizer={}, training=training, evaluation={},
+              gates=[], promoted=False)
+    card = model_card(audit=audit, mitigations=bias_mitigations(shards, training, audit), **kw)
+    section = card[card.index("## Bias audit"):card.index("### CrowS-Pairs")]
+    assert "en: 4 documents, 11 words swapped" in section
+    assert "λ 0.1000, layer -1, lists: en" in section
+    assert "k = 1 components" in section and "sentence pairs en 7" in section and "NOT projected" in section
+    bare = {k: v for k, v in audit.items() if k != "debias"}
+    assert bias_mitigations({}, {"config": {"pretrain": {"bias_regularizer": None}}}, bare) == {}
+    assert model_card(audit=bare, mitigations={}, **kw) == model_card(audit=bare, **kw)
+    assert "### Mitigation" not in model_card(audit=bare, mitigations={}, **kw)
 
 
 @pytest.mark.parametrize("lists, message", [
