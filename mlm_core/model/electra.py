@@ -104,12 +104,13 @@ class ElectraModel(nn.Module):
         return disc + self.gen.flops_per_token(seq_len, mask_rate)
 
     def forward(self, input_ids, segment_ids, labels, label_smoothing: float = 0.0,
-                sample_generator: torch.Generator | None = None) -> dict:
+                sample_generator: torch.Generator | None = None, return_layer: int | None = None) -> dict:
         """Generator MLM loss on the selected positions, then the discriminator on the sampled text.
 
         Returns the generator's {"loss", "logits", "n_predictions"} plus "disc_loss" (mean BCE over the
         non-pad tokens), "disc_logits", "disc_target" (1 = replaced), "sampled" (the generator's sample at
-        the selected positions), "n_disc", "disc_correct"."""
+        the selected positions), "n_disc", "disc_correct"; with ``return_layer`` also "layer_hidden": that
+        discriminator block's output [B, T, H] (pretrain.bias_regularizer)."""
         g = self.gen(input_ids, segment_ids, labels, label_smoothing)
         sel = labels != -100
         with torch.no_grad():
@@ -118,11 +119,16 @@ class ElectraModel(nn.Module):
             corrupted = input_ids.masked_scatter(sel, sampled)
             real = segment_ids != 0
             target = (corrupted != original)[real].float()
-        d = self.disc.rtd_logits(self.disc.encode(corrupted, segment_ids)[real]).float()
+        extra = {}
+        if return_layer is None:
+            hd = self.disc.encode(corrupted, segment_ids)
+        else:
+            hd, extra["layer_hidden"] = self.disc.encode(corrupted, segment_ids, return_layer)
+        d = self.disc.rtd_logits(hd[real]).float()
         bce = F.binary_cross_entropy_with_logits(d, target)
         return {"loss": g["loss"], "logits": g["logits"], "n_predictions": g["n_predictions"], "disc_loss": bce,
                 "disc_logits": d.detach(), "disc_target": target, "sampled": sampled, "n_disc": int(target.numel()),
-                "disc_correct": ((d > 0) == (target > 0.5)).sum()}
+                "disc_correct": ((d > 0) == (target > 0.5)).sum(), **extra}
 
 
 # ------------------------------------------------------------------------------------------------ metrics

@@ -199,8 +199,11 @@ class MLMEncoder(nn.Module):
         return self._arch
 
     # ---- the network -------------------------------------------------------------------------------
-    def encode(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Hidden states [B, T, H]. segment_ids: 0 = padding, 1..k = document in the row; None = full attention."""
+    def encode(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None,
+               return_layer: int | None = None):
+        """Hidden states [B, T, H]. segment_ids: 0 = padding, 1..k = document in the row; None = full attention.
+        ``return_layer`` (0-based block index): (hidden, that block's output) instead; the last block's output is
+        the final hidden states (after a pre-LN final LayerNorm), what the head reads (pretrain.bias_regularizer)."""
         B, T = input_ids.shape
         if T > self.arch.max_positions:
             raise ValueError(f"sequence length {T} exceeds max_positions {self.arch.max_positions}")
@@ -221,9 +224,15 @@ class MLMEncoder(nn.Module):
         # the dense [B, 1, T, T] mask only when a global layer reads it; local layers share one LocalMask
         mask = segment_mask(segment_ids) if segment_ids is not None and any(self._global) else None
         local = LocalMask(T, self.arch.window, segment_ids, x.device) if not all(self._global) else None
-        for block, is_global in zip(self.blocks, self._global):
+        kept = None
+        for i, (block, is_global) in enumerate(zip(self.blocks, self._global)):
             x = block(x, mask if is_global else local, rotary)
-        return self.final_norm(x)
+            if i == return_layer:
+                kept = x
+        x = self.final_norm(x)
+        if return_layer is None:
+            return x
+        return x, (x if return_layer == len(self.blocks) - 1 else kept)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """MLM head on hidden vectors [..., H] -> vocabulary logits [..., V]."""
@@ -235,16 +244,21 @@ class MLMEncoder(nn.Module):
         return self.head(hidden[positions])  # gather first: the head runs on N vectors, not B*T
 
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None, label_smoothing: float = 0.0) -> dict:
+                labels: torch.Tensor | None = None, label_smoothing: float = 0.0,
+                return_layer: int | None = None) -> dict:
         """Encode, then predict where ``labels`` != -100.
 
         Returns {"loss": mean cross-entropy over the N selected positions (with label smoothing ε;
         0 with a gradient path when N = 0; None without labels), "logits": [N, V] (None without labels),
-        "hidden": [B, T, H], "n_predictions": N (int)}.
+        "hidden": [B, T, H], "n_predictions": N (int)}; with ``return_layer`` also "layer_hidden" (``encode``).
         """
-        hidden = self.encode(input_ids, segment_ids)
+        extra = {}
+        if return_layer is None:
+            hidden = self.encode(input_ids, segment_ids)
+        else:
+            hidden, extra["layer_hidden"] = self.encode(input_ids, segment_ids, return_layer)
         if labels is None:
-            return {"loss": None, "logits": None, "hidden": hidden, "n_predictions": 0}
+            return {"loss": None, "logits": None, "hidden": hidden, "n_predictions": 0, **extra}
         selected = labels != -100
         logits = self.mlm_logits(hidden, selected)
         n = logits.shape[0]
@@ -252,7 +266,7 @@ class MLMEncoder(nn.Module):
             loss = logits.sum() * 0.0
         else:
             loss = F.cross_entropy(logits.float(), labels[selected], label_smoothing=label_smoothing)
-        return {"loss": loss, "logits": logits, "hidden": hidden, "n_predictions": n}
+        return {"loss": loss, "logits": logits, "hidden": hidden, "n_predictions": n, **extra}
 
     @torch.no_grad()
     def full_logits(self, input_ids: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -33,6 +33,10 @@ auto = on for one process on CUDA (Triton present) or on CPU with a C++ compiler
 Python dynamo supports, for runs of at least ``AUTO_MIN_MICRO_STEPS`` micro-batches (shorter ones finish
 sooner without the compile); on = the same without the length rule (an error where it cannot run); off under torchrun (DDP / FSDP wrap the model and this forward calls the encoder
 directly, bypassing the wrapper's hooks) and for the evaluation forward (eval mode / no grad: eager).
+
+``pretrain.bias_regularizer``: the graph also returns the chosen block's output (a fixed [B, T, H] shape) and
+the term (``mlm_core.bias.regularizer.bias_term``, static shapes) is computed eagerly on it; its gradient flows
+back through the graph's backward, so the regularized step stays compiled.
 """
 from __future__ import annotations
 
@@ -127,26 +131,32 @@ def _positions(labels: torch.Tensor, budget: int):
     return gather, scatter, tgt
 
 
-def _mlm_part(enc, ids, seg, gather, tgt, label_smoothing: float):
-    """(summed cross-entropy over the real rows / their count, head logits [Nb, V])."""
-    hidden = enc.encode(ids, seg)
+def _encode(enc, ids, seg, layer):
+    """(hidden, block ``layer``'s output or None)."""
+    return (enc.encode(ids, seg), None) if layer is None else enc.encode(ids, seg, layer)
+
+
+def _mlm_part(enc, ids, seg, gather, tgt, label_smoothing: float, layer=None):
+    """(summed cross-entropy over the real rows / their count, head logits [Nb, V], block ``layer``'s output)."""
+    hidden, lh = _encode(enc, ids, seg, layer)
     logits = enc.head(hidden.flatten(0, 1).index_select(0, gather))
     ce = F.cross_entropy(logits.float(), tgt, ignore_index=-100, reduction="none", label_smoothing=label_smoothing)
     n = (tgt != -100).sum()
-    return ce.sum() / n.clamp(min=1), logits
+    return ce.sum() / n.clamp(min=1), logits, lh
 
 
-def mlm_loss(model, ids, seg, labels, label_smoothing: float, budget: int):
+def mlm_loss(model, ids, seg, labels, label_smoothing: float, budget: int, layer=None):
+    """The loss; with ``layer`` (the bias regularizer) (loss, that block's output)."""
     gather, _, tgt = _positions(labels, budget)
-    loss, _ = _mlm_part(model, ids, seg, gather, tgt, label_smoothing)
-    return loss
+    loss, _, lh = _mlm_part(model, ids, seg, gather, tgt, label_smoothing, layer)
+    return loss if layer is None else (loss, lh)
 
 
-def electra_loss(model, ids, seg, labels, label_smoothing: float, budget: int, noise):
+def electra_loss(model, ids, seg, labels, label_smoothing: float, budget: int, noise, layer=None):
     """Generator MLM loss and discriminator BCE (mean over non-pad tokens), as ``ElectraModel.forward``;
     ``noise`` [Nb, V]: the uniform draws of ``gumbel_sample`` (rows past the real count are padding)."""
     gather, scatter, tgt = _positions(labels, budget)
-    mlm, logits = _mlm_part(model.gen, ids, seg, gather, tgt, label_smoothing)
+    mlm, logits, _ = _mlm_part(model.gen, ids, seg, gather, tgt, label_smoothing)
     with torch.no_grad():
         lg = logits.detach().float().masked_fill(model.disallowed, float("-inf"))
         sampled = (lg - torch.log(-torch.log(noise))).argmax(-1)
@@ -156,10 +166,12 @@ def electra_loss(model, ids, seg, labels, label_smoothing: float, budget: int, n
         corrupted = torch.cat([flat, dummy]).index_put((scatter,), sampled)[:-1].view_as(ids)
         real = seg != 0
         target = (corrupted.reshape(-1) != original).view_as(ids).float()
-    d = model.disc.rtd_logits(model.disc.encode(corrupted, seg)).float()
+    hd, lh = _encode(model.disc, corrupted, seg, layer)
+    d = model.disc.rtd_logits(hd).float()
     bce = F.binary_cross_entropy_with_logits(d, target, reduction="none")
     w = real.float()
-    return mlm, (bce * w).sum() / w.sum().clamp(min=1.0)
+    disc = (bce * w).sum() / w.sum().clamp(min=1.0)
+    return (mlm, disc) if layer is None else (mlm, disc, lh)
 
 
 class CompiledForward:
@@ -180,7 +192,7 @@ class CompiledForward:
         return model.training and torch.is_grad_enabled() and tuple(ids.shape) == (self.B, self.T)
 
     def __call__(self, model, ids, seg, labels, label_smoothing: float, n_sel: int | None = None,
-                 sample_generator: torch.Generator | None = None) -> dict:
+                 sample_generator: torch.Generator | None = None, layer: int | None = None) -> dict:
         if n_sel is None:
             n_sel = int((labels != -100).sum())
         budget = budget_for(n_sel, self.first, self.B * self.T)
@@ -190,8 +202,14 @@ class CompiledForward:
                      n_sel, self.first, budget)
         if self.kind == "electra":
             noise = _gumbel_noise(model, n_sel, budget, sample_generator, ids.device)
+            if layer is not None:
+                mlm, disc, lh = self.fn(model, ids, seg, labels, float(label_smoothing), budget, noise, layer)
+                return {"loss": mlm, "disc_loss": disc, "n_predictions": n_sel, "layer_hidden": lh}
             mlm, disc = self.fn(model, ids, seg, labels, float(label_smoothing), budget, noise)
             return {"loss": mlm, "disc_loss": disc, "n_predictions": n_sel}
+        if layer is not None:
+            loss, lh = self.fn(model, ids, seg, labels, float(label_smoothing), budget, layer)
+            return {"loss": loss, "n_predictions": n_sel, "layer_hidden": lh}
         return {"loss": self.fn(model, ids, seg, labels, float(label_smoothing), budget), "n_predictions": n_sel}
 
 

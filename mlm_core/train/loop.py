@@ -139,26 +139,48 @@ def _last_train_loss(path: Path) -> float | None:
 
 
 class Feed:
-    """Draws this rank's micro-batches: sampler -> rows from the shards -> masking; times both parts."""
+    """Draws this rank's micro-batches: sampler -> rows from the shards -> masking; times both parts.
+    ``groups``: a ``bias.regularizer.GroupFinder`` (pretrain.bias_regularizer) run on the original rows."""
 
-    def __init__(self, sampler, rows: Rows, masker, generator: torch.Generator, batch_size: int, device):
-        self.sampler, self.rows, self.masker, self.gen = sampler, rows, masker, generator
+    def __init__(self, sampler, rows: Rows, masker, generator: torch.Generator, batch_size: int, device,
+                 groups=None):
+        self.sampler, self.rows, self.masker, self.gen, self.groups = sampler, rows, masker, generator, groups
         self.B, self.device, self.nb = batch_size, device, device.type == "cuda"
         self.t_data = self.t_mask = self.rate = 0.0
 
     def draw(self, step: int, n: int) -> list[tuple]:
-        """n x (input_ids, segment_ids, labels, predictions, non-pad tokens) on the device."""
+        """n x (input_ids, segment_ids, labels, predictions, non-pad tokens, bias-group masks or None) on the
+        device."""
         out = []
         for _ in range(n):
             t0 = time.perf_counter()
-            b = self.rows.gather(*self.sampler.next_indices(self.B))
+            li, rows = self.sampler.next_indices(self.B)
+            b = self.rows.gather(li, rows)
             t1 = time.perf_counter()
             m = self.masker(b["input_ids"], b["word_start"], step, seq_ids=b["seq_ids"], generator=self.gen)
             self.t_data, self.t_mask, self.rate = self.t_data + t1 - t0, self.t_mask + time.perf_counter() - t1, m.rate
             seg = b["segment_ids"]
+            gm = None if self.groups is None else self.groups(b["input_ids"], b["word_start"], li).to(self.device)
             out.append((m.input_ids.to(self.device, non_blocking=self.nb), seg.to(self.device, non_blocking=self.nb),
-                        m.labels.to(self.device, non_blocking=self.nb), int(m.selected.sum()), int((seg != 0).sum())))
+                        m.labels.to(self.device, non_blocking=self.nb), int(m.selected.sum()), int((seg != 0).sum()),
+                        gm))
         return out
+
+
+def _bias_setup(cfg: PretrainConfig, objective, core, bias, rank: int) -> int | None:
+    """pretrain.bias_regularizer: the block index its term reads (None: off)."""
+    if cfg.bias_regularizer is None:
+        return None
+    if bias is None:
+        from mlm_core.errors import MlmError
+        raise MlmError("pretrain.bias_regularizer is set but train() got no group table (bias=): build it with "
+                       "mlm_core.bias.regularizer.load_group_table")
+    layer = objective.enable_bias(core)
+    if rank == 0:
+        log.info("pretrain: bias regularizer on (weight %g, block %d, groups %s, %s token sequences)",
+                 cfg.bias_regularizer.weight, layer, list(bias.groups),
+                 {lg: len(es) for lg, es in bias.entries.items()})
+    return layer
 
 
 def _latest(root: Path, rank: int):
@@ -187,8 +209,10 @@ def _restore(found, arch: dict, fp: str, rank: int, *, core, opt, sched, gens, s
 def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: int = 0, rank: int = 0,
           world_size: int = 1, local_rank: int = 0, resume: bool = True,
           metrics_cb: Callable[[dict], None] | None = None, stop_after: int | None = None,
-          heartbeat: Callable[[int], None] | None = None, show_progress: bool = True) -> dict:
+          heartbeat: Callable[[int], None] | None = None, show_progress: bool = True, bias=None) -> dict:
     """Train ``model`` on ``data`` (a ShardDataset) to ``cfg.steps`` (or ``stop_after``); see the module docstring.
+
+    bias: the ``bias.regularizer.GroupTable`` of pretrain.bias_regularizer's lists (required when it is set).
 
     show_progress: rank 0 shows live progress (``mlm_core.progress``); a torchrun worker passes False (the
     launcher shows it from the forwarded records)."""
@@ -206,6 +230,7 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     core = model.to(device)
     objective = objective_of(core, cfg)
     objective.prepare(core, sorted(specials.values()))
+    bias_layer = _bias_setup(cfg, objective, core, bias, rank)
     arch = objective.arch(core)
     model = wrap_model(core, cfg.distributed, device, world_size)
     compiled, why = objective.setup_compile(device, world_size, T)     # pretrain.compile (train.compiled)
@@ -221,7 +246,11 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     if device.type == "cuda":
         gens["sample"] = torch.Generator(device=device)
     sample_gen = gens.get("sample", gens["mask"])
-    feed = Feed(sampler, Rows(data, "train", sampler.langs), masker, gens["mask"], cfg.batch_size, device)
+    groups = None
+    if bias_layer is not None:
+        from mlm_core.bias.regularizer import GroupFinder
+        groups = GroupFinder(bias, sampler.langs, sorted(specials.values()))
+    feed = Feed(sampler, Rows(data, "train", sampler.langs), masker, gens["mask"], cfg.batch_size, device, groups)
     fp = train_fingerprint(cfg, seed)
 
     found = _latest(ckpt_root, rank) if resume else None
@@ -277,14 +306,16 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
             # 2) forward/backward
             lr = sched.get_last_lr()[0]
             parts = torch.zeros(n_parts, dtype=torch.float64, device=device)   # objective.parts (this rank's share)
-            for i, (ids, seg, labels, n, m_real) in enumerate(micro):
+            for i, (ids, seg, labels, n, m_real, gm) in enumerate(micro):
                 last = i == accum - 1 or not hasattr(model, "no_sync")
                 sync = contextlib.nullcontext() if last else model.no_sync()
                 with sync:
                     with autocast(device, cfg.precision):
                         out = objective.forward(model, ids, seg, labels, cfg.label_smoothing,
-                                                sample_generator=sample_gen, n_sel=n)
+                                                sample_generator=sample_gen, n_sel=n, layer=bias_layer)
                     loss, logged = objective.step_loss(out, n, n_glob, m_real, m_glob, world_size)
+                    if gm is not None:          # pretrain.bias_regularizer
+                        loss, logged = objective.add_bias(out, gm, loss, logged)
                     loss.backward()
                 parts += torch.stack([x.double() for x in logged]) / world_size
             win_sum, win_n = win_sum + all_reduce_sum(parts, world_size, device), win_n + 1

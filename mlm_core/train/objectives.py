@@ -8,6 +8,11 @@ generator's input corrupted 85% [MASK] / 15% unchanged (see ``mlm_core.model.ele
 Loss normalisation (both): every micro-batch's mean loss is re-weighted by its share of the *global*
 batch's predictions (``n_glob`` selected positions for the MLM part, ``m_glob`` non-pad tokens for the
 discriminator), so W ranks x k accumulation steps give the update of one W*k batch.
+
+``pretrain.bias_regularizer`` (``enable_bias``): the forward pass also returns a block's output (the MLM
+encoder's; ELECTRA: the discriminator's) and ``add_bias`` adds λ x the term of ``mlm_core.bias.regularizer``,
+computed per micro-batch and weighted 1/grad_accum (DDP averages over ranks): the mean over the W*k
+micro-batches, whatever W and k. It is logged unweighted as ``bias_reg``.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ class MLM:
     def __init__(self, cfg: PretrainConfig):
         self.cfg = cfg
         self.compiled = None                # a compiled.CompiledForward once setup_compile() turned it on
+        self.bias_layer = None              # the block whose output feeds the bias term (enable_bias)
 
     def setup_compile(self, device: torch.device, world_size: int, seq_len: int) -> tuple[bool, str]:
         """Decide pretrain.compile (``compiled.use_compile``) and, when on, route training micro-batches
@@ -58,13 +64,38 @@ class MLM:
         return core
 
     def forward(self, model: nn.Module, ids, seg, labels, label_smoothing: float = 0.0,
-                sample_generator: torch.Generator | None = None, n_sel: int | None = None) -> dict:
+                sample_generator: torch.Generator | None = None, n_sel: int | None = None,
+                layer: int | None = None) -> dict:
         """The model's output dict; ``n_sel``: the selected count when the caller knows it (saves a device sync
         on the compiled path). Training micro-batches go through the compiled graph when it is on (they
-        then carry only the losses and n_predictions); evaluation always runs eagerly."""
+        then carry only the losses and n_predictions); evaluation always runs eagerly. ``layer``: also return
+        that block's output as "layer_hidden" (the bias regularizer)."""
         if self._compiled(model, ids):
-            return self.compiled(model, ids, seg, labels, label_smoothing, n_sel, sample_generator)
+            return self.compiled(model, ids, seg, labels, label_smoothing, n_sel, sample_generator, layer=layer)
+        if layer is not None:
+            return model(ids, seg, labels, label_smoothing, return_layer=layer)
         return model(ids, seg, labels, label_smoothing)
+
+    @staticmethod
+    def hidden_model(core: nn.Module) -> nn.Module:
+        """The encoder whose hidden states the bias regularizer pulls (MLM: the model itself)."""
+        return core
+
+    def enable_bias(self, core: nn.Module) -> int:
+        """Turn pretrain.bias_regularizer on: resolve its layer against the model (an error naming the key when
+        out of range) and log ``bias_reg`` as a loss part; returns the 0-based block index."""
+        from mlm_core.bias.regularizer import resolve_layer
+        self.bias_layer = resolve_layer(self.cfg.bias_regularizer.layer, self.hidden_model(core).arch.layers)
+        self.parts = type(self).parts + ("bias_reg",)
+        return self.bias_layer
+
+    def add_bias(self, out: dict, masks: torch.Tensor, loss: torch.Tensor,
+                 logged: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``step_loss``'s (loss, parts) with λ x the bias term of this micro-batch (masks: ``GroupFinder``)."""
+        from mlm_core.bias.regularizer import bias_term
+        reg = bias_term(out["layer_hidden"], masks) / self.cfg.grad_accum
+        total = loss + self.cfg.bias_regularizer.weight * reg
+        return total, [total.detach(), *logged[1:], reg.detach()]
 
     def step_loss(self, out: dict, n: int, n_glob: float, m_real: int, m_glob: float,
                   world_size: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -99,10 +130,16 @@ class Electra(MLM):
         return core.gen
 
     def forward(self, model, ids, seg, labels, label_smoothing: float = 0.0, sample_generator=None,
-                n_sel: int | None = None) -> dict:
+                n_sel: int | None = None, layer: int | None = None) -> dict:
         if self._compiled(model, ids):
-            return self.compiled(model, ids, seg, labels, label_smoothing, n_sel, sample_generator)
+            return self.compiled(model, ids, seg, labels, label_smoothing, n_sel, sample_generator, layer=layer)
+        if layer is not None:
+            return model(ids, seg, labels, label_smoothing, sample_generator=sample_generator, return_layer=layer)
         return model(ids, seg, labels, label_smoothing, sample_generator=sample_generator)
+
+    @staticmethod
+    def hidden_model(core: nn.Module) -> nn.Module:
+        return core.disc                    # the encoder to fine-tune (the audits score the generator)
 
     def step_loss(self, out, n, n_glob, m_real, m_glob, world_size):
         mlm, _ = super().step_loss(out, n, n_glob, m_real, m_glob, world_size)

@@ -58,14 +58,16 @@ def trajectory_key(lc, upstream: dict) -> str:
         cfg = cfg.model_copy(update={"init_from": None})
     key = {"train": train_fingerprint(cfg, lc.config.train_seed), "upstream": ups,
            "code_version": STAGES["pretrain"].code_version}
-    return config_fingerprint(key | ({"init_from": init} if init is not None else {}))
+    lists = (STAGES["pretrain"].inputs(lc) or {}).get("bias_regularizer_lists")    # their content, not their path
+    return config_fingerprint(key | ({"init_from": init} if init is not None else {})
+                              | ({"bias_regularizer_lists": lists} if lists else {}))
 
 
 def _init_input(lc) -> dict | None:
     """init_from's content hash(es), as the pretrain stage's fingerprint records them (``mlm_core.stages``)."""
     from mlm_core.stages import STAGES
     got = STAGES["pretrain"].inputs(lc)
-    return None if got is None else got["init_from"]
+    return None if got is None else got.get("init_from")
 
 
 def default_checkpoint_dir(lc, upstream: dict) -> Path:
@@ -121,6 +123,11 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
     vocab, pad = int(shards.manifest["vocab_size"]), int(specials["pad"]["id"])
     verify = lc.config.verify
     log.info("pretrain: %s, %d steps, checkpoints in %s", cfg.objective, cfg.steps, work)
+    bias = None
+    if cfg.bias_regularizer is not None:    # the group words' token sequences under this run's tokenizer
+        from mlm_core.bias.regularizer import load_group_table
+        bias = load_group_table(cfg.bias_regularizer, lc.base_dir, Path(tok.path) / "tokenizer.json",
+                                [int(e["id"]) for e in specials.values()])
 
     world = cfg.distributed.nproc_per_node * cfg.distributed.nnodes
     if world == 1:
@@ -129,12 +136,13 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
         model, arch = build_model(cfg, vocab, pad, init=init)
         from mlm_core.train.signals import graceful
         with graceful():    # SIGTERM/SIGINT: checkpoint at the next step boundary, then Interrupted
-            result = train(cfg, ds, model, work, seed=seed, metrics_cb=metrics_cb)
+            result = train(cfg, ds, model, work, seed=seed, metrics_cb=metrics_cb, bias=bias)
         model = model.cpu()
     else:
         args = {"config": cfg.model_dump(mode="json"), "seed": seed, "shards": str(shards.path),
                 "tokenizer_fingerprint": tok.fingerprint, "verify": verify, "out_dir": str(work),
-                "resume": True, "print_metrics": True, "init": init.to_json() if init else None}
+                "resume": True, "print_metrics": True, "init": init.to_json() if init else None,
+                "bias": bias.to_json() if bias else None}
         result = launch(args, cfg.distributed, work / "launch", metrics_cb=metrics_cb)
         torch.manual_seed(seed)
         model, arch = build_model(cfg, vocab, pad, init=init)
@@ -178,6 +186,9 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
         log.warning("pretrain: validation masked accuracy does not beat the unigram baseline for %s",
                     sorted(lg for lg, ok in beats.items() if not ok))
     params = sum(p.numel() for p in model.parameters())     # shared tensors once (ELECTRA: both networks)
+    if bias is not None:
+        extra["bias_regularizer"] = {"groups": list(bias.groups), "table": bias.digest(),
+                                     "sequences": {lg: len(es) for lg, es in bias.entries.items()}}
     metrics = {"final_loss": result["final_loss"]}
     for lg, r in evals.items():
         metrics |= {f"{lg}.val_loss": r["loss"], f"{lg}.val_acc": r["acc"], f"{lg}.baseline_acc": r["baseline_acc"]}

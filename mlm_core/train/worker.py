@@ -3,7 +3,8 @@
 ARGS.json: {"config": PretrainConfig as JSON, "seed": int, "shards": shard folder, "tokenizer_fingerprint":
 str | null, "verify": "once" | "every_open" | "off", "out_dir": working folder (metrics.jsonl, checkpoints/),
 "resume": bool, "stop_after": int | null, "result_file": path | null (rank 0 writes the result there),
-"init": ``init_from.InitSpec`` as JSON | null (pretrain.init_from, resolved and checked by the parent)}.
+"init": ``init_from.InitSpec`` as JSON | null (pretrain.init_from, resolved and checked by the parent),
+"bias": ``bias.regularizer.GroupTable`` as JSON | null (pretrain.bias_regularizer, built by the parent)}.
 Without torchrun (no WORLD_SIZE) it trains as a single process. Rank 0 prints each metrics record as
 ``@@MLM_METRICS {json}`` on stdout when ``print_metrics`` is set (the launcher forwards them), every rank
 prints a heartbeat every few seconds, and a failing rank writes its traceback to ``$MLM_ERROR_DIR/rank<r>.txt``.
@@ -41,6 +42,10 @@ def run(args: dict) -> dict:
         from mlm_core.train.init_from import InitSpec
         init = InitSpec(**args["init"])
     model, _ = build_model(cfg, int(ds.manifest["vocab_size"]), specials["pad"], init=init)
+    bias = None
+    if args.get("bias"):
+        from mlm_core.bias.regularizer import GroupTable
+        bias = GroupTable.from_json(args["bias"])
 
     def emit(line: str) -> None:
         # every rank shares torchrun's stdout pipe: one write per line keeps lines whole (a pipe write below
@@ -65,7 +70,8 @@ def run(args: dict) -> dict:
         result = train(cfg, ds, model, Path(args["out_dir"]), seed=seed, rank=rank, world_size=world,
                        local_rank=local, resume=bool(args.get("resume", True)), stop_after=args.get("stop_after"),
                        metrics_cb=metrics_cb if args.get("print_metrics") else None, heartbeat=heartbeat,
-                       show_progress=not args.get("print_metrics"))   # the launcher shows the forwarded records
+                       show_progress=not args.get("print_metrics"),   # the launcher shows the forwarded records
+                       bias=bias)
     if rank == 0 and args.get("result_file"):
         write_json_atomic(Path(args["result_file"]), result)
     return result
