@@ -257,13 +257,16 @@ def test_model_card_bias_section_names_the_mitigations_and_is_unchanged_without_
 @pytest.mark.parametrize("lists, message", [
     ({"en": "missing.yaml"}, r"missing.yaml: word-pair list file not found \(config key debias.projection.lists.en\)"),
     ({"xx": "configs/bias/en.yaml"}, r"debias.projection.lists.xx: language 'xx' is not in sources"),
+    ({"en": "configs/bias/en.yaml", "electra": True}, r"debias.projection: not available with pretrain.objective electra"),
 ])
 def test_a_bad_list_fails_before_any_stage_runs_naming_the_key(tmp_path, lists, message):
     """A missing file fails at planning (the stage inputs hash it), a language outside sources at loading."""
     from conftest import REPO
 
     from mlm_core.stages import plan
+    electra = lists.pop("electra", False)
     lists = {k: (v if v == "missing.yaml" else str(REPO / v)) for k, v in lists.items()}
+    extra = {"pretrain": {"steps": 3, "model": {"size": "tiny"}, "objective": "electra"}} if electra else {}
     with pytest.raises(ValueError, match=message):
-        plan(tiny_config(tmp_path, debias={"projection": {"lists": lists}}))
+        plan(tiny_config(tmp_path, debias={"projection": {"lists": lists}}, **extra))
     assert not (tmp_path / "work").exists()

@@ -211,6 +211,12 @@ def _config(lc):
     return getattr(debias, "projection", None) if debias is not None else None
 
 
+def _check_objective(lc) -> None:
+    if lc.config.pretrain.objective == "electra":
+        raise ProjectionError(f"{KEY}: not available with pretrain.objective electra: transfer fine-tunes the "
+                              "discriminator, whose representations would need a subspace of their own")
+
+
 def projection_inputs(lc) -> dict | None:
     """What the evaluate and audit fingerprints add for ``debias.projection``: each list file's content hash.
     None when unset (the fingerprints stay what they were). Checked here, at planning: every language must be
@@ -221,6 +227,7 @@ def projection_inputs(lc) -> dict | None:
     import hashlib
 
     from mlm_core.bias.wordlists import list_paths, load_wordlists
+    _check_objective(lc)
     langs = lc.config.languages
     for lang in cfg.lists:
         if lang not in langs:
@@ -251,9 +258,7 @@ def prepare(lc, model_dir: Path, normalize_dir: Path, out_dir: Path | None):
     cfg = _config(lc)
     if cfg is None:
         return None, None
-    if lc.config.pretrain.objective == "electra":
-        raise ProjectionError(f"{KEY}: not available for ELECTRA (pretrain.objective electra): transfer fine-tunes "
-                              "the discriminator, which would need its own subspace")
+    _check_objective(lc)
     from mlm_core.bias.wordlists import load_wordlists
     from mlm_core.fillmask import load_model_dir
     lists = load_wordlists(dict(cfg.lists), lc.base_dir, key=f"{KEY}.lists")
