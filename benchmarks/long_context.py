@@ -1,0 +1,126 @@
+"""Benchmark: training-step tokens/s and peak memory of global vs local/global attention at seq_len 512 / 1024 / 2048.
+
+Not a test; prints a Markdown table. Each (attention, seq_len) runs in its own fresh interpreter
+(``common.run_measured``): peak memory = that process's ``ru_maxrss`` minus the ``ru_maxrss`` of a baseline
+process that imports torch, builds the same model and batch and runs no step (torch has no CPU allocator
+statistics, and RSS of a fresh process is the one figure that counts every tensor the step keeps alive).
+
+    .venv/bin/python benchmarks/long_context.py                 # ~2-4 min on 2 busy cores
+    .venv/bin/python benchmarks/long_context.py --seqs 512,1024 --steps 2
+
+Step = forward (MLM head on the ~15 % masked positions) + backward of ``MLMEncoder`` on packed rows (two
+documents per row, so every variant runs with its segment mask, as in training), dropout on.
+
+Variants (same weights' shapes; ``--window`` 128, ``--layers`` 6):
+  global        BERT: every layer attends to the whole row; scores B x heads x T^2 per layer
+  local_global  sliding window in all layers but every ``--global-every``-th (3: ModernBERT's one in three)
+  local         sliding window in every layer (global_every > layers): the local layers' own growth
+Memory ratios 1024/512 and 2048/1024: quadratic attention memory -> towards 4x per doubling once scores
+dominate; linear -> 2x. local_global lies between: its global layers stay quadratic.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+VOCAB = 2000       # small: embeddings and the head must not hide the attention's memory
+MODES = {"global": {}, "local_global": {"attention": "local_global"}, "local": {"attention": "local_global"}}
+
+
+def child(a) -> None:
+    import torch
+    from mlm_core.config import ModelConfig
+    from mlm_core.model import MLMEncoder, resolve_arch
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    extra = dict(MODES[a.mode])
+    if extra:
+        extra |= {"window": a.window, "global_every": a.layers + 1 if a.mode == "local" else a.global_every}
+    cfg = ModelConfig(size="tiny", layers=a.layers, hidden=a.hidden, heads=a.heads, ffn=4 * a.hidden,
+                      max_positions=max(a.seq, a.window), dropout=0.1, **extra)
+    model = MLMEncoder(resolve_arch(cfg, VOCAB, 0)).train()
+    B, T = a.batch, a.seq
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, VOCAB, (B, T), generator=g)
+    seg = torch.ones(B, T, dtype=torch.long)
+    seg[:, T // 3:] = 2                                     # two packed documents per row
+    labels = torch.where(torch.rand(B, T, generator=g) < 0.15, ids, -100)
+    times = []
+    for i in range(a.steps + 1 if a.steps else 0):          # step 0: warm-up (allocator, kernels), not timed
+        t0 = time.perf_counter()
+        out = model(ids, seg, labels=labels)
+        out["loss"].backward()
+        model.zero_grad(set_to_none=True)
+        if i:
+            times.append(time.perf_counter() - t0)
+    med = sorted(times)[len(times) // 2] if times else None
+    print(json.dumps({"step_s": med, "tokens_per_s": B * T / med if med else None}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seqs", default="512,1024,2048")
+    p.add_argument("--modes", default="global,local_global,local")
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--window", type=int, default=128)
+    p.add_argument("--global-every", type=int, default=3)
+    p.add_argument("--steps", type=int, default=2, help="timed steps per configuration (after one warm-up)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per job (1: steady on a shared machine)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="global", help=argparse.SUPPRESS)
+    p.add_argument("--seq", type=int, default=512, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        return child(a)
+    from common import run_measured, table
+    seqs = [int(s) for s in a.seqs.split(",")]
+    modes = a.modes.split(",")
+    common = ["--layers", str(a.layers), "--hidden", str(a.hidden), "--heads", str(a.heads), "--batch", str(a.batch),
+              "--window", str(a.window), "--global-every", str(a.global_every), "--threads", str(a.threads)]
+    env = {"OMP_NUM_THREADS": str(a.threads), "HF_HUB_OFFLINE": "1"}
+
+    def job(mode: str, seq: int, steps: int) -> dict:
+        cmd = [sys.executable, __file__, "--child", "--mode", mode, "--seq", str(seq), "--steps", str(steps), *common]
+        return run_measured(cmd, env=env)
+
+    t_start = time.perf_counter()
+    base = job("global", max(seqs), 0)["ru_maxrss_children"]       # imports + model + batch, no step
+    res = {}
+    for seq in seqs:
+        for mode in modes:
+            r = job(mode, seq, a.steps)
+            res[mode, seq] = {"tok_s": r["tokens_per_s"], "mem": r["ru_maxrss_children"] - base}
+            print(f"  {mode:>12} seq {seq:>5}: {r['tokens_per_s']:8.0f} tok/s, step memory "
+                  f"{res[mode, seq]['mem'] / 2**20:7.1f} MiB", file=sys.stderr, flush=True)
+    print(f"\nmodel: {a.layers} layers, hidden {a.hidden}, {a.heads} heads, ffn {4 * a.hidden}, vocab {VOCAB}; batch "
+          f"{a.batch}; window {a.window}, global every {a.global_every}th layer (local: none); torch threads "
+          f"{a.threads}; baseline RSS {base / 2**20:.0f} MiB (subtracted); {time.perf_counter() - t_start:.0f} s\n")
+    rows = []
+    for mode in modes:
+        row = [mode]
+        for seq in seqs:
+            r = res[mode, seq]
+            row += [f"{r['tok_s']:,.0f}", f"{r['mem'] / 2**20:,.0f}"]
+        for lo, hi in zip(seqs, seqs[1:]):
+            row.append(f"{res[mode, hi]['mem'] / max(res[mode, lo]['mem'], 1):.2f}x")
+        rows.append(row)
+    headers = ["attention"] + [h for s in seqs for h in (f"tok/s {s}", f"MiB {s}")] + \
+        [f"mem {hi}/{lo}" for lo, hi in zip(seqs, seqs[1:])]
+    print(table(headers, rows))
+    print("\nmem = peak RSS of the step's process minus the baseline's (MiB = 2^20 bytes); quadratic attention -> "
+          "towards 4x per doubling, linear -> 2x")
+
+
+if __name__ == "__main__":
+    main()
