@@ -317,14 +317,15 @@ def test_compiled_step_carries_the_term(shards, tmp_path):
 
 def test_two_gloo_processes_equal_one_process_with_accumulation(shards, tmp_path):
     """The term is per micro-batch and weighted 1/grad_accum, DDP averaging over ranks: 2 ranks x 1 == 1 rank x 2
-    accumulation steps (parameters and the logged bias_reg)."""
+    accumulation steps (parameters and the logged bias_reg). Batch 1: then both hold the same micro-batches (rank r
+    takes draws r, r+2, ...; one process takes them in order), which the term, unlike the MLM loss, depends on."""
     import torch
     from safetensors.torch import load_file
 
     from mlm_core.train.distributed import launch
     table = _table(shards)
-    common = {"steps": 3, "checkpoint_every": 3, "masking": {"mode": "static"}, "model": {"dropout": 0.0},
-              "warmup_steps": 0, "lr": 1e-3, "log_every": 1,
+    common = {"steps": 6, "checkpoint_every": 6, "masking": {"mode": "static"}, "model": {"dropout": 0.0},
+              "warmup_steps": 0, "lr": 1e-3, "log_every": 1, "batch_size": 1,
               "bias_regularizer": {"weight": 5.0, "lists": {"en": EN_LIST}}}
     one = tiny_cfg(grad_accum=2, **common)
     two = tiny_cfg(distributed={"nproc_per_node": 2, "timeout_s": 60}, **common)
