@@ -289,9 +289,13 @@ def test_training_split_gets_the_swapped_copies(upstream):
 def test_partitioning_changes_nothing_with_cda(upstream):
     _, _, big = run_shards(upstream, *CDA, "execution.partition_mb=64")
     _, _, small = run_shards(upstream, *CDA, "execution.partition_mb=0.0003")
-    assert files_of(big) == files_of(small)
+    # worker processes (workers >= 3) carry the copies' batches through the same ordered stream
+    _, _, procs = run_shards(upstream, *CDA, "shards.workers=3")
     keep = ("shards", "languages", "counts", "validation_docs", "cda")
-    assert {k: big.manifest[k] for k in keep} == {k: small.manifest[k] for k in keep}
+    for other in (small, procs):
+        assert files_of(big) == files_of(other)
+        assert {k: big.manifest[k] for k in keep} == {k: other.manifest[k] for k in keep}
+    assert big.manifest["cda"]["languages"]["en"]["swapped"] > 0
 
 
 def test_without_cda_nothing_changes(upstream):
