@@ -205,3 +205,17 @@ def test_pipeline_at_seq_len_1024_with_local_global(tmp_path):
     ev = json.loads((arts["evaluate"].path / "evaluation.json").read_text(encoding="utf-8"))
     assert ev["intrinsic"] and all(math.isfinite(v["top1"]) for v in ev["intrinsic"].values() if "top1" in v)
     assert ev["efficiency"]["peak_memory_mb"]["512"] is not None
+
+
+def test_init_from_refuses_local_global_rather_than_ignoring_it(tmp_path):
+    """pretrain.init_from takes the checkpoint's shape; an explicit attention: local_global would be dropped
+    silently, so it is an error naming the key (every importable checkpoint attends globally)."""
+    from types import SimpleNamespace
+
+    from mlm_core.model.pretrained import PretrainedError, check_model_config
+    p = SimpleNamespace(arch=resolve_arch(ModelConfig(size="tiny"), V, 0), disc_arch=None, config_file=None,
+                        folder=tmp_path)
+    check_model_config(p, ModelConfig(attention="global"))
+    with pytest.raises(PretrainedError, match="pretrain.model.attention = 'local_global' but the checkpoint has "
+                                              "'global'"):
+        check_model_config(p, ModelConfig(attention="local_global"))

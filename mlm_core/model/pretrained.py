@@ -59,7 +59,9 @@ _IGNORED = (".pooler.", "cls.seq_relationship.", "embeddings.position_ids", "emb
 # pretrain.model fields check_model_config compares, and the Arch attribute each one is
 _MODEL_FIELDS = {"layers": "layers", "hidden": "hidden", "heads": "heads", "ffn": "ffn",
                  "max_positions": "max_positions", "position": "position", "norm": "norm",
-                 "tie_embeddings": "tie_embeddings"}
+                 "tie_embeddings": "tie_embeddings",
+                 # a checkpoint is global (transformers has no local/global BERT): no silent switch to local layers
+                 "attention": "attention"}
 
 
 @dataclass
