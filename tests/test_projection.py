@@ -270,3 +270,28 @@ def test_a_bad_list_fails_before_any_stage_runs_naming_the_key(tmp_path, lists, 
     with pytest.raises(ValueError, match=message):
         plan(tiny_config(tmp_path, debias={"projection": {"lists": lists}}, **extra))
     assert not (tmp_path / "work").exists()
+
+
+def test_the_bias_mitigation_sweep_shares_training_as_declared(tmp_path, shared_data):
+    """configs/experiments/bias_mitigation.yaml: every variant validates against base.yaml; at each seed
+    `projection` reuses `none`'s pretrain output and only re-scores it; `cda` trains on other shards; every run's
+    audit has the en/fr/de templates. (Planning only: nothing runs.)"""
+    from conftest import REPO
+
+    from mlm_core.stages import plan
+    from mlm_core.store import StageStore
+    from mlm_core.sweep import load_sweep
+    sweep = load_sweep(REPO / "configs/experiments/bias_mitigation.yaml")
+    assert sweep.variant_names == ["none", "cda", "regularizer", "projection"] and sweep.config.baseline == "none"
+    store = StageStore(tmp_path)
+    plans = {(r.variant, r.seed): plan(sweep.load_run(r), store) for r in sweep.runs if r.seed in (0, 1)}
+    fp = {k: {s: p.fingerprint for s, p in v.items()} for k, v in plans.items()}
+    for seed in (0, 1):
+        none, proj, cda, reg = (fp[(v, seed)] for v in ("none", "projection", "cda", "regularizer"))
+        assert proj["pretrain"] == none["pretrain"] and proj["shards"] == none["shards"]
+        assert proj["evaluate"] != none["evaluate"] and proj["audit"] != none["audit"]
+        assert cda["shards"] != none["shards"] and cda["pretrain"] != none["pretrain"]
+        assert reg["shards"] == none["shards"] and reg["pretrain"] != none["pretrain"]
+    assert fp[("none", 0)]["pretrain"] != fp[("none", 1)]["pretrain"]
+    for r in sweep.runs:
+        assert set(sweep.load_run(r).config.audit.templates) == {"en", "fr", "de"}
