@@ -301,6 +301,33 @@ def test_stage_trains_with_the_regularizer(shards, tmp_path):
     assert all("bias_reg" in r for r in recs if r["type"] == "train")
 
 
+@pytest.mark.parametrize("objective", ["mlm", "electra"])
+def test_compiled_forward_code_path_with_the_term_runs_eagerly(shards, tmp_path, monkeypatch, objective):
+    """The compiled step's functions (fixed budget, layer output returned) run uncompiled (torch.compile made the
+    identity: seconds instead of a compile): same bias_reg and losses as the eager path."""
+    import torch
+
+    from mlm_core.train import compiled
+    table = _table(shards)
+    kw = dict(objective=objective, steps=4, log_every=1, model={"layers": 2, "dropout": 0.0},
+              bias_regularizer={"weight": 2.0, "layer": 0, "lists": {"en": EN_LIST}})
+    run(tiny_cfg(compile="off", **kw), shards[0], tmp_path / "e", bias=table)
+    monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)
+    monkeypatch.setattr(compiled, "compile_support", lambda device: None)
+    calls = []
+    name = "electra_loss" if objective == "electra" else "mlm_loss"
+    fn = getattr(compiled, name)
+    monkeypatch.setattr(compiled, name, lambda *a: calls.append(a[-1]) or fn(*a))
+    run(tiny_cfg(compile="on", **kw), shards[0], tmp_path / "c", bias=table)
+    assert calls == [0] * 4                     # every step went through the compiled step's function, layer 0
+    e, c = read_metrics(tmp_path / "e"), read_metrics(tmp_path / "c")
+    parts = ("loss", "mlm_loss", "bias_reg") + (("disc_loss",) if objective == "electra" else ())
+    for part in parts:
+        for x, y in zip(e, c):
+            assert math.isclose(x[part], y[part], rel_tol=1e-4, abs_tol=1e-7), (part, x[part], y[part])
+    assert any(r["bias_reg"] > 0 for r in c)
+
+
 def test_compiled_step_carries_the_term(shards, tmp_path):
     """pretrain.compile: on keeps the regularized step compiled (the graph returns the layer output); its losses
     follow the eager run's within the compile tests' tolerance."""
@@ -315,7 +342,8 @@ def test_compiled_step_carries_the_term(shards, tmp_path):
             assert math.isclose(x[part], y[part], rel_tol=2e-4, abs_tol=1e-7), (part, x[part], y[part])
 
 
-def test_two_gloo_processes_equal_one_process_with_accumulation(shards, tmp_path):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
+def test_two_gloo_processes_equal_one_process_with_accumulation(shards, tmp_path, fsdp):
     """The term is per micro-batch and weighted 1/grad_accum, DDP averaging over ranks: 2 ranks x 1 == 1 rank x 2
     accumulation steps (parameters and the logged bias_reg). Batch 1: then both hold the same micro-batches (rank r
     takes draws r, r+2, ...; one process takes them in order), which the term, unlike the MLM loss, depends on."""
@@ -328,7 +356,7 @@ def test_two_gloo_processes_equal_one_process_with_accumulation(shards, tmp_path
               "warmup_steps": 0, "lr": 1e-3, "log_every": 1, "batch_size": 1,
               "bias_regularizer": {"weight": 5.0, "lists": {"en": EN_LIST}}}
     one = tiny_cfg(grad_accum=2, **common)
-    two = tiny_cfg(distributed={"nproc_per_node": 2, "timeout_s": 60}, **common)
+    two = tiny_cfg(distributed={"nproc_per_node": 2, "fsdp": fsdp, "timeout_s": 60}, **common)
     torch.set_num_threads(1)
     ref = run(one, shards[0], tmp_path / "one", bias=table)
     args = {"config": two.model_dump(mode="json"), "seed": 0, "shards": str(shards[0].path),
