@@ -1,11 +1,13 @@
 """A controlled toy corpus for the bias-mitigation test (issue 13 part 1), and the pipeline run over it.
 
-Corpus (English, lower case, generated from a fixed seed): short sentences whose subject is "he", "she" or
-"someone", most of them saying what the subject works as. One group term carries the bias: after "he" the
+Corpus (English, lower case, generated from a fixed seed): 3000 short sentences, one document each, whose
+subject is "he", "she" or "someone", 90% of them saying what the subject works as. One group term carries the bias: after "he" the
 profession is "pilot" with probability ``P_BIASED``, one of the other four otherwise; after "she" and "someone" it
 is uniform over all five. Filler sentences (subject + a verb + an object) keep the subject words frequent in other
 contexts. Professions all start with a consonant (so no "a"/"an" leaks them) and are single tokens under the toy
-tokenizer.
+tokenizer. One sentence per document: packed rows never attend across documents, so the profession slot has only
+its own sentence to look at (with 4-sentence documents the model had not learned the association in 1000 steps);
+normalize's exact dedup is off, since short framed sentences repeat by design.
 
 Audit spec (``mlm_core.audit.templates`` format): the corpus frames with {group} and [MASK], groups male [he] /
 female [she], neutral [someone], attributes the five professions: Δ_bias(male, female) and KL-to-neutral(male)
@@ -92,8 +94,10 @@ def toy_config(root: Path, files: dict[str, Path], *, steps: int, cda: bool = Fa
     pre = {"steps": steps, "batch_size": 16, "lr": 5e-3, "warmup_steps": 30, "log_every": 50, "eval_every": 10_000,
            "checkpoint_every": 10_000, "eval_batches": 1, "device": "cpu", "compile": "off",
            "masking": {"rate": 0.3},
-           "model": {"size": "tiny", "layers": 2, "hidden": 64, "heads": 2, "ffn": 128, "max_positions": 64, "norm": "pre", "position": "rotary",
-                     "dropout": 0.0}}
+           # pre-LN and rotary positions: the slot learns to look at the subject within 600 steps (post-LN with
+           # learned positions learned only the marginal profession distribution in 1000)
+           "model": {"size": "tiny", "layers": 2, "hidden": 64, "heads": 2, "ffn": 128, "max_positions": 64,
+                     "norm": "pre", "position": "rotary", "dropout": 0.0}}
     if reg is not None:
         pre["bias_regularizer"] = {"lists": {"en": str(files["lists"])}, **reg}
     shards = {"seq_len": 32, "validation_fraction": 0.05, "workers": 1, "rows_per_shard": 256}
