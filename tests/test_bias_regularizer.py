@@ -369,3 +369,15 @@ def test_two_gloo_processes_equal_one_process_with_accumulation(shards, tmp_path
     ra, rb = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert [r["bias_reg"] for r in rb] == pytest.approx([r["bias_reg"] for r in ra], rel=1e-5)
     assert any(r["bias_reg"] > 0 for r in ra)
+
+
+def test_resume_with_the_term_is_exact(shards, tmp_path):
+    """6 steps straight == 3, stop, resume to 6: every logged loss, MLM part and bias_reg identical."""
+    table = _table(shards)
+    cfg = tiny_cfg(steps=6, log_every=1, checkpoint_every=3, model={"layers": 2},
+                   bias_regularizer={"weight": 1.0, "lists": {"en": EN_LIST}})
+    run(cfg, shards[0], tmp_path / "a", bias=table)
+    assert run(cfg, shards[0], tmp_path / "b", bias=table, stop_after=3)["step"] == 3
+    assert run(cfg, shards[0], tmp_path / "b", bias=table)["resumed_from"] == 3
+    key = lambda r: (r["step"], r["loss"], r["mlm_loss"], r["bias_reg"])  # noqa: E731
+    assert [key(r) for r in read_metrics(tmp_path / "a")] == [key(r) for r in read_metrics(tmp_path / "b")]
