@@ -21,8 +21,8 @@ Which words, and which input (choices):
     the same word-start pattern, followed by a word boundary (a word start, a special token or the row's end):
     "he" never matches inside "hers". A sequence holding a special id (an [UNK] piece) is dropped: it would
     match any unknown word. A word cut by a row boundary is missed (its tail is flagged a word start).
-  * the vectorized match compares every window of the batch with every sequence of that length (no Python
-    loop over tokens): ~B x T x sequences booleans, a few MB at 32 x 512 and a few hundred sequences.
+  * the match is vectorized (no Python loop over tokens): per sequence length, every window of the batch is
+    hashed, looked up among the listed sequences' hashes, and its one candidate compared exactly.
 
 Where it runs: ``GroupFinder`` on the CPU micro-batch next to the masker (``train.loop.Feed``); the term in
 ``objectives`` (eager) or, with ``pretrain.compile``, on the layer output the compiled graph returns.
@@ -130,8 +130,23 @@ def load_group_table(cfg, base_dir: Path, tokenizer_path: Path, special_ids: lis
 
 
 # ------------------------------------------------------------------------------------------------ positions
-def compile_sequences(entries, n_groups: int) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Length k -> (ids [M, k] long, word-start pattern [M, k] bool, membership [M, G] bool)."""
+_MULT = (0x9E3779B97F4A7C15 - 2**64, 0xC2B2AE3D27D4EB4F - 2**64, 0x165667B19E3779F9)   # odd 64-bit multipliers
+
+
+def _window_hash(x: torch.Tensor, mult: int) -> torch.Tensor:
+    """Polynomial hash over the last dim (wrapping int64 arithmetic, as masking.py's counter hash)."""
+    k = x.shape[-1]
+    powers = torch.empty(k, dtype=torch.long)
+    v = 1
+    for j in range(k):
+        v = (v * mult) % 2**64
+        powers[j] = v - 2**64 if v >= 2**63 else v
+    return (x * powers).sum(-1)
+
+
+def compile_sequences(entries, n_groups: int) -> dict[int, tuple]:
+    """Length k -> (codes [M, k] long = id x 2 + word start, sorted hashes [M], their rows [M], membership [M, G],
+    multiplier). Codes fold each piece's word-start flag into its id, so one comparison checks both."""
     by_len: dict[int, list] = {}
     for ids, st, gs in entries:
         by_len.setdefault(len(ids), []).append((ids, st, gs))
@@ -140,8 +155,15 @@ def compile_sequences(entries, n_groups: int) -> dict[int, tuple[torch.Tensor, t
         member = torch.zeros(len(rows), n_groups, dtype=torch.bool)
         for m, (_, _, gs) in enumerate(rows):
             member[m, list(gs)] = True
-        out[k] = (torch.tensor([r[0] for r in rows], dtype=torch.long),
-                  torch.tensor([r[1] for r in rows], dtype=torch.bool), member)
+        codes = torch.tensor([[2 * i + w for i, w in zip(r[0], r[1])] for r in rows], dtype=torch.long)
+        for mult in _MULT:                      # distinct hashes, so a hash names one candidate sequence
+            h = _window_hash(codes, mult)
+            if len(torch.unique(h)) == len(h):
+                break
+        else:
+            raise RuntimeError(f"{KEY}: token-sequence hashes collide for length {k}")
+        hs, order = torch.sort(h)
+        out[k] = (codes, hs, order, member, mult)
     return out
 
 
@@ -149,23 +171,27 @@ def find_group_positions(ids: torch.Tensor, word_start: torch.Tensor, special_id
                          sequences: dict, n_groups: int) -> torch.Tensor:
     """Bool [G, B, T]: position (b, t) is a piece of a word of group g (see the module docstring).
 
-    ids, word_start: [B, T] (the original text); special_ids: long [S]; sequences: ``compile_sequences``."""
+    ids, word_start: [B, T] (the original text); special_ids: long [S]; sequences: ``compile_sequences``.
+    Per length k: every window's hash looked up among the sequences' (searchsorted), then the one candidate
+    compared exactly, so the cost is O(B x T x k), whatever the number of listed words."""
     B, T = ids.shape
     ids = ids.long()
     ws = word_start.bool()
     special = torch.isin(ids, special_ids)
+    code = ids * 2 + ws.long()
     # a word ends before a word start, a special token ([SEP], [PAD]) or the row's end
     boundary = torch.cat([ws | special, torch.ones(B, 1, dtype=torch.bool)], dim=1)
     out = torch.zeros(n_groups, B, T, dtype=torch.bool)
-    for k, (seq, pat, member) in sequences.items():
+    for k, (codes, hs, order, member, mult) in sequences.items():
         if k > T:
             continue
         W = T - k + 1
-        win = ids.unfold(1, k, 1)                                    # [B, W, k]
-        wwin = ws.unfold(1, k, 1)
-        hit = ((win[:, :, None, :] == seq) & (wwin[:, :, None, :] == pat)).all(-1)    # [B, W, M]
-        hit &= boundary[:, k:k + W, None]
-        start = (hit[..., None] & member).any(2).permute(2, 0, 1)     # [G, B, W]: an occurrence starts here
+        win = code.unfold(1, k, 1)                                    # [B, W, k]
+        h = _window_hash(win, mult)
+        pos = torch.searchsorted(hs, h).clamp(max=len(hs) - 1)
+        m = order[pos]                                                # the one candidate sequence per window
+        hit = (hs[pos] == h) & (win == codes[m]).all(-1) & boundary[:, k:k + W]
+        start = (member[m] & hit[..., None]).permute(2, 0, 1)         # [G, B, W]: an occurrence starts here
         for j in range(k):                                            # mark its k pieces
             out[:, :, j:j + W] |= start
     return out
