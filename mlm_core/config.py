@@ -255,7 +255,8 @@ class ModelConfig(Section):
                         "it: window/2 each side, i.e. keys with |i - j| <= window/2); even, at most max_positions.",
                         json_schema_extra={"effect": "output"})
     global_every: int = Field(default=3, ge=1, description="local_global: every k-th layer (k, 2k, ...; counted "
-                              "from 1) is global, the others local.", json_schema_extra={"effect": "output"})
+                              "from 1) is global, the others local (k > layers: every layer local).",
+                              json_schema_extra={"effect": "output"})
 
     @model_validator(mode="after")
     def _heads(self) -> "ModelConfig":
