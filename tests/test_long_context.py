@@ -205,6 +205,11 @@ def test_pipeline_at_seq_len_1024_with_local_global(tmp_path):
     ev = json.loads((arts["evaluate"].path / "evaluation.json").read_text(encoding="utf-8"))
     assert ev["intrinsic"] and all(math.isfinite(v["top1"]) for v in ev["intrinsic"].values() if "top1" in v)
     assert ev["efficiency"]["peak_memory_mb"]["512"] is not None
+    # the model card's architecture line says how the model attends
+    from mlm_core.modelcard import model_card
+    card = model_card(name="lc", version=1, fingerprints={}, data={}, tokenizer={}, training=pre, evaluation=ev,
+                      audit={}, gates=[], promoted=False)
+    assert "attention local_global, window 64, global_every 2" in card
 
 
 def test_init_from_refuses_local_global_rather_than_ignoring_it(tmp_path):
