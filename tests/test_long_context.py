@@ -145,7 +145,7 @@ def test_local_global_refuses_to_export_with_the_reason(tmp_path):
     with pytest.raises(ExportError) as e:
         check_exportable(arch)
     msg = str(e.value)
-    assert "local_global attention" in msg and "32 tokens" in msg and "2-th layer" in msg
+    assert "local_global attention, window 32, global_every 2" in msg and "sliding-window" in msg
     assert "safetensors only" in msg
 
 

@@ -70,8 +70,8 @@ def check_exportable(arch: Arch) -> None:
         why.append("pre-LayerNorm")
     if arch.attention != "global":
         # ModernBERT alternates the same way, but its layers are not BERT's (pre-LN, GeGLU, rotary, no biases)
-        why.append(f"{arch.attention} attention: sliding windows of {arch.window} tokens, global only every "
-                   f"{arch.global_every}-th layer, where BERT attends globally in every layer")
+        why.append(f"{arch.attention} attention, window {arch.window}, global_every {arch.global_every}: "
+                   "sliding-window layers where BERT attends globally in every layer")
     if why:
         raise ExportError(f"this model ({' / '.join(why)}) has no matching transformers architecture: refusing to "
                           "export something that would load wrong; the model is saved as safetensors only")
