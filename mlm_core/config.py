@@ -15,6 +15,9 @@ docs/CONFIG.md and the JSON Schema). ``mlm_core.stages`` derives every stage fin
   threshold  a data-contract threshold: in no fingerprint; a change re-validates the stored output
   none       speed / operations only: in no fingerprint
 A field holding a section (or a dict/list/optional of sections) carries no marker: its own fields do.
+A field added to an existing stage whose default keeps that stage's output as it was (an optional feature left
+off) also declares ``"omit_default": True``: at its default it is in no fingerprint, so a config that does not
+use the feature keeps its stored outputs across the upgrade (``mlm_core.effects.omitted_at_default``).
 
 The markers are read, and the fingerprint / trajectory / threshold views built, in ``mlm_core.effects``
 (re-exported here, with the ``Section`` base class).
@@ -29,7 +32,8 @@ from typing import Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from mlm_core.effects import (  # noqa: F401  (the effect-marker machinery, re-exported: imported from here)
-    EFFECTS, FINGERPRINTED, TRAJECTORY, Section, effect_view, field_effect, fingerprint_view, section_type,
+    EFFECTS, FINGERPRINTED, TRAJECTORY, Section, effect_view, field_effect, fingerprint_view, omitted_at_default,
+    section_type,
     threshold_view, trajectory_view,
 )
 from mlm_core.config_bias import (  # noqa: F401  (re-exported)
@@ -218,7 +222,7 @@ class ShardsConfig(Section):
         default="error", description="A language with no documents: fail (error) or drop it with a warning (drop).",
         json_schema_extra={"effect": "output"})
     cda: CdaConfig | None = Field(default=None, description="Counterfactual data augmentation of the training split "
-                                  "(None: off).")
+                                  "(None: off).", json_schema_extra={"omit_default": True})
 
 
 class ModelConfig(Section):
@@ -250,13 +254,13 @@ class ModelConfig(Section):
         default="global", description="global: every token attends to every token (BERT). local_global: sliding-window "
         "attention of `window` tokens in every layer but each `global_every`-th, which stays global (ModernBERT's "
         "alternation; Longformer / BigBird's local attention): memory grows ~linearly with seq_len. No transformers "
-        "equivalent: such a model does not export to BERT.", json_schema_extra={"effect": "output"})
+        "equivalent: such a model does not export to BERT.", json_schema_extra={"effect": "output", "omit_default": True})
     window: int = Field(default=128, ge=2, description="local_global: tokens a local layer's query sees (centred on "
                         "it: window/2 each side, i.e. keys with |i - j| <= window/2); even, at most max_positions.",
-                        json_schema_extra={"effect": "output"})
+                        json_schema_extra={"effect": "output", "omit_default": True})
     global_every: int = Field(default=3, ge=1, description="local_global: every k-th layer (k, 2k, ...; counted "
                               "from 1) is global, the others local (k > layers: every layer local).",
-                              json_schema_extra={"effect": "output"})
+                              json_schema_extra={"effect": "output", "omit_default": True})
 
     @model_validator(mode="after")
     def _heads(self) -> "ModelConfig":
@@ -411,7 +415,8 @@ class PretrainConfig(Section):
         "989e12 bf16 on H100/H200-class GPUs).", json_schema_extra={"effect": "none"})
     distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="torchrun options.")
     bias_regularizer: BiasRegularizerConfig | None = Field(
-        default=None, description="Group-mean regularizer against bias, added to the loss (None: off).")
+        default=None, description="Group-mean regularizer against bias, added to the loss (None: off).",
+        json_schema_extra={"omit_default": True})
 
     @field_validator("compile", mode="before")
     @classmethod
@@ -603,7 +608,8 @@ class PipelineConfig(Section):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig, description="The evaluate stage.")
     audit: AuditConfig = Field(default_factory=AuditConfig, description="The audit stage.")
     debias: DebiasConfig = Field(default_factory=DebiasConfig, description="Post-hoc debiasing the evaluate and "
-                                 "audit stages apply to the trained encoder (the stored model is unchanged).")
+                                 "audit stages apply to the trained encoder (the stored model is unchanged).",
+                                 json_schema_extra={"omit_default": True})
     registry: RegistryConfig = Field(default_factory=RegistryConfig, description="Registration and promotion.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig, description="Where data-stage partitions "

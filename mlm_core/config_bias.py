@@ -54,4 +54,5 @@ class ProjectionConfig(Section):
 class DebiasConfig(Section):
     """Post-hoc debiasing of the trained encoder, applied when the evaluate and audit stages score it."""
 
-    projection: ProjectionConfig | None = Field(default=None, description="SentenceDebias projection (None: off).")
+    projection: ProjectionConfig | None = Field(default=None, description="SentenceDebias projection (None: off).",
+                                                json_schema_extra={"omit_default": True})

@@ -56,11 +56,23 @@ def field_effect(model: type[BaseModel], name: str) -> str:
     return effect
 
 
+def omitted_at_default(model: type[BaseModel], name: str, value: Any) -> bool:
+    """True for a field marked ``json_schema_extra={"omit_default": True}`` that holds its default value: such a
+    field is left out of every view (hence of every fingerprint). The mark is for fields added to an existing
+    stage whose default keeps the stage's output as it was (an optional feature left off): a config that does
+    not use the feature keeps its fingerprints, so a pipeline upgrade does not recompute stored outputs."""
+    f = model.model_fields[name]
+    extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+    return bool(extra.get("omit_default")) and value == f.get_default(call_default_factory=True)
+
+
 def _view(value: Any, dumped: Any, effects: frozenset[str], sparse: bool) -> Any:
     if isinstance(value, Section):
         out = {}
         for name, f in type(value).model_fields.items():
             key = f.serialization_alias or f.alias or name    # tokenizer.from_ is dumped (and keyed) as "from"
+            if omitted_at_default(type(value), name, getattr(value, name)):
+                continue
             effect = field_effect(type(value), name)
             if effect == "section":
                 sub = _view(getattr(value, name), dumped[key], effects, sparse)

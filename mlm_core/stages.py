@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from mlm_core.config import FINGERPRINTED, TRAJECTORY, PipelineConfig, effect_view, field_effect
+from mlm_core.config import (
+    FINGERPRINTED, TRAJECTORY, PipelineConfig, effect_view, field_effect, omitted_at_default,
+)
 from mlm_core.configio import LoadedConfig
 from mlm_core.errors import PlanError
 from mlm_core.store import Artifact, StageStore, fingerprint
@@ -51,6 +53,8 @@ def _view(lc: LoadedConfig, name: str, effects: frozenset[str], sparse: bool = F
     cfg, spec = lc.config, STAGES[name]
     out: dict = {}
     for key in spec.reads:
+        if omitted_at_default(PipelineConfig, key, getattr(cfg, key)):     # e.g. debias left unset
+            continue
         effect = field_effect(PipelineConfig, key)
         if effect == "section":
             sub = effect_view(getattr(cfg, key), effects, sparse)
