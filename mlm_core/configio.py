@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,7 +198,7 @@ def config_reference_markdown() -> str:
 
     def type_name(ann) -> str:
         s = str(ann).replace("typing.", "").replace("<class '", "").replace("'>", "")
-        return s.replace("mlm_core.config.", "")
+        return re.sub(r"mlm_core\.config\w*\.", "", s)     # the sections' leaf modules too (config_data, ...)
 
     def walk(model, prefix: str) -> None:
         rows, subs = [], []
