@@ -41,3 +41,21 @@ def test_great_expectations_is_imported_in_one_module_only():
     users = sorted(str(p.relative_to(REPO)) for d in ("mlm_core", "tasks", "flows")
                    for p in (REPO / d).rglob("*.py") if "great_expectations" in _imports(p))
     assert users == ["tasks/validation.py"]
+
+
+def test_config_modules_are_leaves():
+    """mlm_core.config and its config_* section modules import only pydantic, the effect markers, the language
+    table and each other (so every layer can import the config without pulling in the rest of the project)."""
+    allowed = {"mlm_core.effects", "mlm_core.languages"}
+    offenders = {}
+    for p in sorted((REPO / "mlm_core").glob("config*.py")):
+        if p.name == "configio.py":
+            continue
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        mods = ({n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+                | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names})
+        mods = {m for m in mods if m.split(".")[0] == "mlm_core"}
+        bad = sorted(m for m in mods if m not in allowed and not m.startswith("mlm_core.config_"))
+        if bad:
+            offenders[p.name] = bad
+    assert not offenders, offenders
