@@ -282,7 +282,8 @@ def test_the_bias_mitigation_sweep_shares_training_as_declared(tmp_path, shared_
     from mlm_core.store import StageStore
     from mlm_core.sweep import load_sweep
     sweep = load_sweep(REPO / "configs/experiments/bias_mitigation.yaml")
-    assert sweep.variant_names == ["none", "cda", "regularizer", "projection"] and sweep.config.baseline == "none"
+    assert sweep.variant_names == ["none", "cda", "regularizer", "regularizer-0.01", "projection"]
+    assert sweep.config.baseline == "none"
     store = StageStore(tmp_path)
     plans = {(r.variant, r.seed): plan(sweep.load_run(r), store) for r in sweep.runs if r.seed in (0, 1)}
     fp = {k: {s: p.fingerprint for s, p in v.items()} for k, v in plans.items()}
@@ -292,6 +293,7 @@ def test_the_bias_mitigation_sweep_shares_training_as_declared(tmp_path, shared_
         assert proj["evaluate"] != none["evaluate"] and proj["audit"] != none["audit"]
         assert cda["shards"] != none["shards"] and cda["pretrain"] != none["pretrain"]
         assert reg["shards"] == none["shards"] and reg["pretrain"] != none["pretrain"]
+        assert fp[("regularizer-0.01", seed)]["pretrain"] not in (reg["pretrain"], none["pretrain"])
     assert fp[("none", 0)]["pretrain"] != fp[("none", 1)]["pretrain"]
     for r in sweep.runs:
         assert set(sweep.load_run(r).config.audit.templates) == {"en", "fr", "de"}
