@@ -83,6 +83,36 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def file_hash(path: Path | str, cache_dir: Path | str | None = None) -> str:
+    """sha256 of one input file's bytes. A large corpus file is hashed once: the digest is cached in
+    ``cache_dir`` keyed by the file's real path and reused while its size, mtime and inode are unchanged (a copy
+    of the same bytes elsewhere, or a fresh mtime, only costs one more hash, never a different fingerprint)."""
+    path = Path(path)
+    st = path.stat()
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+    cache = None
+    if cache_dir is not None:
+        real = os.path.realpath(path)
+        cache = Path(cache_dir) / "file-hash" / f"{hashlib.sha256(real.encode()).hexdigest()[:24]}.json"
+        try:
+            got = json.loads(cache.read_text(encoding="utf-8"))
+            if got.get("path") == real and got.get("stamp") == stamp:
+                return got["sha256"]
+        except (OSError, ValueError):
+            pass
+    digest = _sha256(path)
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"path": os.path.realpath(path), "stamp": stamp, "sha256": digest}),
+                           encoding="utf-8")
+            os.replace(tmp, cache)
+        except OSError:         # a read-only workdir (mlm status on a shared store): hash again next time
+            pass
+    return digest
+
+
 def content_hash(folder: Path | str, cache_dir: Path | str | None = None,
                  names: tuple[str, ...] | None = None) -> str:
     """sha256 over (relative path, sha256) of the folder's content files (``CONTENT_SUFFIXES``), in path order;

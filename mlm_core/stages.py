@@ -189,12 +189,14 @@ def _run_pretrain(lc, upstream, out_dir, metrics_cb=None):
 
 
 def _file_stats(lc: LoadedConfig, paths) -> list:
-    """Path, size and mtime of the files a stage reads besides upstream outputs (so edits rerun it)."""
+    """Path, size and content sha256 of the files a stage reads besides upstream outputs: an edit reruns the
+    stage, a copy or a touched mtime does not (content-addressed; digests cached under ``<workdir>/.cache``)."""
+    from mlm_core.external import cache_dir, file_hash
     out = []
     for p in sorted(set(paths)):
         f = lc.resolve(str(p).split("#", 1)[0])
-        st = f.stat() if f.exists() else None
-        out.append([str(f), st.st_size if st else None, st.st_mtime_ns if st else None])
+        ok = f.is_file()
+        out.append([str(f), f.stat().st_size if ok else None, file_hash(f, cache_dir(lc)) if ok else None])
     return out
 
 

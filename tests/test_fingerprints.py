@@ -503,3 +503,48 @@ def test_features_added_later_keep_old_fingerprints_when_unused(tmp_path):
     raw["pretrain"]["model"]["attention"] = "local_global"
     used = {n: p.fingerprint for n, p in stages.plan(load_config(DEMO, raw=raw)).items()}
     assert {n for n in bare if used[n] != bare[n]} == set(DOWNSTREAM["pretrain"])
+
+
+def test_input_files_enter_by_content_not_mtime(tmp_path, monkeypatch):
+    """Raw corpus files and the evaluate / audit data files are fingerprinted by their bytes: a re-synced copy
+    (new mtime, new inode, same bytes) keeps every stored output valid; one changed byte (same size) reruns
+    the stage that reads it and everything after. Digests are cached: a second plan reads no file again."""
+    import os
+    import shutil
+
+    from mlm_core import external
+    corpus, pairs = tmp_path / "en.txt", tmp_path / "crows_en.csv"
+    shutil.copy(REPO / "configs" / "demo" / "bias" / "crows_pairs_en.csv", pairs)
+    lc = load_config(DEMO, raw=_raw(tmp_path, {"audit.crows_pairs.en": str(pairs)}))
+    corpus.write_text("".join(f"The quick brown fox {i} jumps over the lazy dog.\n" for i in range(50)))
+    raw = lc.config.model_dump(mode="json")
+    raw["sources"]["en"] = {"paths": [str(corpus)]}
+    lc = load_config(DEMO, raw=raw)
+    fps = lambda: {n: p.fingerprint for n, p in stages.plan(load_config(DEMO, raw=raw)).items()}   # noqa: E731
+    base = fps()
+
+    reads = []
+    real_sha = external._sha256
+    monkeypatch.setattr(external, "_sha256", lambda p: reads.append(Path(p).name) or real_sha(p))
+    assert fps() == base and reads == [], f"cached digests re-read {reads}"
+
+    for f in (corpus, pairs):       # same bytes, rewritten: new inode and an mtime a day later
+        data = f.read_bytes()
+        f.unlink()
+        f.write_bytes(data)
+        st = f.stat()
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 86_400 * 10**9))
+    assert fps() == base
+    assert sorted(reads) == sorted([corpus.name, pairs.name])     # hashed once more each, then cached again
+
+    def flip(f: Path, at: int):
+        b = bytearray(f.read_bytes())
+        b[at] = ord("X") if b[at] != ord("X") else ord("Y")
+        f.write_bytes(bytes(b))
+
+    flip(pairs, 40)
+    after = fps()
+    assert [n for n in base if after[n] != base[n]] == ["audit", "register"]
+    flip(corpus, 5)
+    after2 = fps()
+    assert all(after2[n] != base[n] for n in DOWNSTREAM["normalize"])

@@ -151,15 +151,16 @@ def file_indexes(parts: list[Partition]) -> dict[str, int]:
 
 
 def input_fingerprint(lc) -> list:
-    """What identifies the raw inputs without reading them: every file's path, size and mtime (not how they
-    are partitioned: the output does not depend on it)."""
+    """What identifies the raw inputs: every file's path, size and content sha256 (not its mtime: the same
+    bytes copied or re-synced keep the fingerprint; not how they are partitioned: the output does not depend
+    on it). Digests are cached per file under ``<workdir>/.cache`` while size, mtime and inode hold."""
+    from mlm_core.external import cache_dir, file_hash
     out = []
     for p in plan(lc):
         if p.fmt == "dataset":
             out.append([p.source, p.dataset])
         elif not out or out[-1][0] != p.source:
-            st = Path(p.source).stat()
-            out.append([p.source, st.st_size, st.st_mtime_ns])
+            out.append([p.source, Path(p.source).stat().st_size, file_hash(p.source, cache_dir(lc))])
     return out
 
 
