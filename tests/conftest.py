@@ -70,3 +70,30 @@ def write_en_ru_config(tmp_path: Path, name: str, n_lines: int, **sections) -> P
     f = tmp_path / "cfg.yaml"
     f.write_text(yaml.safe_dump(raw))
     return f
+
+
+DEMO_STAGES = ("normalize", "tokenizer", "shards", "pretrain", "evaluate")
+
+
+def run_demo_pipeline(tmp_path: Path, n_lines: int, **sections) -> dict:
+    """{stage: Artifact} of normalize -> tokenizer (WordPiece 700, quality gates loosened for the tiny corpus)
+    -> shards -> pretrain -> evaluate, run by ``mlm_core.stages`` over the first ``n_lines`` lines of the
+    demo corpus' en and fr (copied under ``tmp_path``, workdir ``tmp_path/work``, seed 3, one worker).
+    Each of ``sections`` (tokenizer, shards, pretrain, evaluate) is merged over that section's defaults."""
+    from mlm_core.configio import load_config
+    from mlm_core.stages import execute, plan
+    sources = {}
+    for lang in ("en", "fr"):
+        lines = (REPO / "configs/demo/corpus" / f"{lang}.txt").read_text(encoding="utf-8").splitlines()[:n_lines]
+        (tmp_path / f"{lang}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        sources[lang] = {"paths": [str(tmp_path / f"{lang}.txt")]}
+    base = {"tokenizer": {"algorithm": "wordpiece", "vocab_size": 700, "heldout_docs": 10, "sample_mb": 1.0,
+                          "min_vocab_fraction": 0.1, "max_unk_rate": 0.5, "max_fertility": 20.0},
+            "shards": {"workers": 1, "rows_per_shard": 64}, "pretrain": {"steps": 3},
+            "evaluate": {"pll_sentences": 0, "efficiency": True, "efficiency_repeats": 2}}
+    unknown = set(sections) - set(base)
+    assert not unknown, f"run_demo_pipeline: no defaults for sections {sorted(unknown)}"
+    lc = load_config(raw={"workdir": str(tmp_path / "work"), "seed": 3, "sources": sources,
+                          "normalize": {"workers": 1}, **{k: v | sections.get(k, {}) for k, v in base.items()}})
+    plans = plan(lc)
+    return {name: execute(lc, name, plans)[0] for name in DEMO_STAGES}

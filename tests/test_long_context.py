@@ -171,27 +171,15 @@ def test_pipeline_at_seq_len_1024_with_local_global(tmp_path):
     """normalize -> tokenizer -> shards (seq_len 1024) -> pretrain (local_global) -> evaluate (with efficiency):
     trains, evaluates, stores safetensors without a Hugging Face export (the reason in the manifest), and the
     folder the register stage logs instead (``weights``) loads back as the same local/global model."""
-    from conftest import REPO
+    from conftest import run_demo_pipeline
     from mlm_core.fillmask import load_model_dir
-    from mlm_core.stages import execute, plan
     from tasks.mlflow_model import model_artifacts
-    from mlm_core.configio import load_config
-    sources = {}
-    for lang in ("en", "fr"):
-        lines = (REPO / "configs/demo/corpus" / f"{lang}.txt").read_text(encoding="utf-8").splitlines()[:1200]
-        (tmp_path / f"{lang}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        sources[lang] = {"paths": [str(tmp_path / f"{lang}.txt")]}
-    lc = load_config(raw={
-        "workdir": str(tmp_path / "work"), "seed": 3, "sources": sources, "normalize": {"workers": 1},
-        "tokenizer": {"algorithm": "wordpiece", "vocab_size": 700, "heldout_docs": 10, "sample_mb": 1.0,
-                      "min_vocab_fraction": 0.1, "max_unk_rate": 0.5, "max_fertility": 20.0},
-        "shards": {"seq_len": 1024, "validation_fraction": 0.2, "workers": 1, "rows_per_shard": 64},
-        "pretrain": {"steps": 3, "batch_size": 2, "compile": "off",
-                     "model": {"size": "tiny", "max_positions": 1024, "attention": "local_global", "window": 64,
-                               "global_every": 2}},
-        "evaluate": {"max_sequences": 2, "pll_sentences": 0, "efficiency": True, "efficiency_repeats": 2}})
-    plans = plan(lc)
-    arts = {name: execute(lc, name, plans)[0] for name in ("normalize", "tokenizer", "shards", "pretrain", "evaluate")}
+    arts = run_demo_pipeline(
+        tmp_path, 1200, shards={"seq_len": 1024, "validation_fraction": 0.2},
+        pretrain={"batch_size": 2, "compile": "off",
+                  "model": {"size": "tiny", "max_positions": 1024, "attention": "local_global", "window": 64,
+                            "global_every": 2}},
+        evaluate={"max_sequences": 2})
     assert arts["shards"].manifest["seq_len"] == 1024
     pre = arts["pretrain"].manifest
     assert pre["arch"]["attention"] == "local_global" and pre["arch"]["window"] == 64
@@ -230,6 +218,7 @@ def test_compiled_step_traces_local_attention_in_one_graph():
     """pretrain.compile's loss function over a local_global model: fullgraph (a graph break is an error), the
     eager loss and gradients. Backend aot_eager = dynamo + AOT autograd, the trace inductor compiles, in ~3 s
     (inductor itself took ~3 min on the loaded 2-core box, checked by hand with the same comparison)."""
+    from compile_helpers import assert_compiled_matches_eager
     from mlm_core.config import MaskingConfig
     from mlm_core.masking import Masker
     from mlm_core.train.compiled import masked_budget, mlm_loss
@@ -250,12 +239,4 @@ def test_compiled_step_traces_local_attention_in_one_graph():
     seg[3, 80:] = 0
     ids = torch.randint(5, V, (B, T), generator=torch.Generator().manual_seed(0))
     m = masker(ids, torch.ones(B, T, dtype=torch.bool), 0, generator=torch.Generator().manual_seed(0))
-    ref = enc(m.input_ids, seg, m.labels, 0.1)["loss"]
-    ref.backward()
-    g_ref = {n: p.grad.clone() for n, p in enc.named_parameters()}
-    enc.zero_grad()
-    got = fn(enc, m.input_ids, seg, m.labels, 0.1, budget)
-    got.backward()
-    assert abs(float(got.detach()) - float(ref.detach())) <= 1e-5 * abs(float(ref.detach()))
-    for n, p in enc.named_parameters():
-        torch.testing.assert_close(p.grad, g_ref[n], rtol=1e-4, atol=1e-6, msg=n)
+    assert_compiled_matches_eager(enc, fn, m.input_ids, seg, m.labels, 0.1, budget)

@@ -276,24 +276,12 @@ def test_pipeline_pretrains_and_evaluates_with_pmi_masking(tmp_path, one_torch_t
     pretrain stage finds the vocabulary of the tokenizer that encoded its shards; evaluate reports efficiency."""
     import json
 
-    from conftest import REPO
-    from mlm_core.stages import execute, plan
-    sources = {}
-    for lang in ("en", "fr"):
-        lines = (REPO / "configs/demo/corpus" / f"{lang}.txt").read_text(encoding="utf-8").splitlines()[:300]
-        (tmp_path / f"{lang}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        sources[lang] = {"paths": [str(tmp_path / f"{lang}.txt")]}
-    lc = load_config(raw={
-        "workdir": str(tmp_path / "work"), "seed": 3, "sources": sources, "normalize": {"workers": 1},
-        "tokenizer": {"algorithm": "wordpiece", "vocab_size": 700, "heldout_docs": 10, "sample_mb": 1.0,
-                      "min_vocab_fraction": 0.1, "max_unk_rate": 0.5, "max_fertility": 20.0,
-                      "pmi_vocab": 40, "pmi_min_count": 3},
-        "shards": {"seq_len": 32, "validation_fraction": 0.15, "workers": 1, "rows_per_shard": 64},
-        "pretrain": {"steps": 3, "batch_size": 4, "model": {"size": "tiny", "max_positions": 64},
-                     "masking": {"strategy": "pmi"}},
-        "evaluate": {"max_sequences": 4, "pll_sentences": 0, "efficiency": True, "efficiency_repeats": 2}})
-    plans = plan(lc)
-    arts = {name: execute(lc, name, plans)[0] for name in ("normalize", "tokenizer", "shards", "pretrain", "evaluate")}
+    from conftest import run_demo_pipeline
+    arts = run_demo_pipeline(
+        tmp_path, 300, tokenizer={"pmi_vocab": 40, "pmi_min_count": 3},
+        shards={"seq_len": 32, "validation_fraction": 0.15},
+        pretrain={"batch_size": 4, "model": {"size": "tiny", "max_positions": 64}, "masking": {"strategy": "pmi"}},
+        evaluate={"max_sequences": 4})
     pmi = arts["tokenizer"].manifest["pmi"]
     assert set(pmi["languages"]) == {"en", "fr"} and all(v["kept"] > 0 for v in pmi["languages"].values())
     assert (arts["tokenizer"].path / "pmi_ngrams.parquet").is_file()
