@@ -45,10 +45,12 @@ class ModelConfig(Section):
         "equivalent: such a model does not export to BERT.", json_schema_extra={"effect": "output", "omit_default": True})
     window: int = Field(default=128, ge=2, description="local_global: tokens a local layer's query sees (centred on "
                         "it: window/2 each side, i.e. keys with |i - j| <= window/2); even, at most max_positions.",
-                        json_schema_extra={"effect": "output", "omit_default": True})
+                        json_schema_extra={"effect": "output", "omit_default": True,
+                                           "used_when": {"attention": "local_global"}})
     global_every: int = Field(default=3, ge=1, description="local_global: every k-th layer (k, 2k, ...; counted "
                               "from 1) is global, the others local (k > layers: every layer local).",
-                              json_schema_extra={"effect": "output", "omit_default": True})
+                              json_schema_extra={"effect": "output", "omit_default": True,
+                                                 "used_when": {"attention": "local_global"}})
 
     @model_validator(mode="after")
     def _heads(self) -> "ModelConfig":

@@ -66,12 +66,21 @@ def omitted_at_default(model: type[BaseModel], name: str, value: Any) -> bool:
     return bool(extra.get("omit_default")) and value == f.get_default(call_default_factory=True)
 
 
+def unused_here(section: BaseModel, name: str) -> bool:
+    """True for a field marked ``json_schema_extra={"used_when": {sibling: value}}`` whose sibling holds another
+    value: the field is then not read at all (``pretrain.model.window`` with ``attention: global``), so it is
+    left out of every view and fingerprint rather than rerunning a stage whose output it cannot change."""
+    f = type(section).model_fields[name]
+    extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+    return any(getattr(section, k) != v for k, v in (extra.get("used_when") or {}).items())
+
+
 def _view(value: Any, dumped: Any, effects: frozenset[str], sparse: bool) -> Any:
     if isinstance(value, Section):
         out = {}
         for name, f in type(value).model_fields.items():
             key = f.serialization_alias or f.alias or name    # tokenizer.from_ is dumped (and keyed) as "from"
-            if omitted_at_default(type(value), name, getattr(value, name)):
+            if omitted_at_default(type(value), name, getattr(value, name)) or unused_here(value, name):
                 continue
             effect = field_effect(type(value), name)
             if effect == "section":

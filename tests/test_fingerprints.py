@@ -154,14 +154,17 @@ def _raw(tmp: Path, base: dict | None = None) -> dict:
 
 # Values no type-driven guess can produce (a script name must be a real Unicode script; an external reference
 # must name a real tokenizer / checkpoint folder: built once per module by the ``external`` fixture).
-SPECIAL = {"sources.ar.scripts": [["Arabic", "Latin"]]}
+SPECIAL = {"sources.ar.scripts": [["Arabic", "Latin"]], "pretrain.model.window": [64]}   # even, <= max_positions
 EXTERNAL = {"tokenizer.from": "tokenizer", "pretrain.init_from": "checkpoint"}
 # Fields valid only together with another one, set in both the base and the changed config.
 # A value naming an `external` fixture folder is replaced by its path; anything else is used as is.
 BASE_WITH = {"tokenizer.extend": {"tokenizer.from": "tokenizer"},
              "pretrain.distributed.nnodes": {"pretrain.distributed.rdzv_endpoint": "127.0.0.1:29400"},
              # the projection is refused with ELECTRA (transfer fine-tunes the discriminator)
-             "pretrain.objective": {"debias.projection": None}}
+             "pretrain.objective": {"debias.projection": None},
+             # read only by local attention (used_when): with the default global attention they change nothing
+             "pretrain.model.window": {"pretrain.model.attention": "local_global"},
+             "pretrain.model.global_every": {"pretrain.model.attention": "local_global"}}
 
 
 @pytest.fixture(scope="module")
@@ -548,3 +551,15 @@ def test_input_files_enter_by_content_not_mtime(tmp_path, monkeypatch):
     flip(corpus, 5)
     after2 = fps()
     assert all(after2[n] != base[n] for n in DOWNSTREAM["normalize"])
+
+
+def test_local_attention_knobs_change_nothing_under_global_attention(tmp_path):
+    """pretrain.model.window / global_every are read only by local attention: with attention global (the
+    demo's) a new value keeps every fingerprint; with local_global it changes pretrain and what follows."""
+    fps = lambda ov: {n: p.fingerprint for n, p in stages.plan(load_config(DEMO, ov, raw=_raw(tmp_path))).items()}  # noqa: E731
+    base = fps([])
+    assert fps(["pretrain.model.window=32"]) == base
+    assert fps(["pretrain.model.global_every=2"]) == base
+    local = fps(["pretrain.model.attention=local_global"])
+    moved = fps(["pretrain.model.attention=local_global", "pretrain.model.window=32"])
+    assert [n for n in base if moved[n] != local[n]] == DOWNSTREAM["pretrain"]
