@@ -11,7 +11,8 @@ and resumed logs exactly the losses of an uninterrupted compiled run.
 
 Compiling costs ~20-60 s per graph on the loaded 2-core box, so the tests share graphs where they can: at
 the tiny shape (batch 4 x 32, rate_max 0.4) token and whole_word masking share one MLM budget and graph,
-span has its own; the resume test reuses the span graph; the bare function is checked against the eager
+span and pmi (masking is eager, so PMI-masking only changes the budget's unit size) share another; the resume
+test reuses the span graph; the bare function is checked against the eager
 model's gradients on a graph of its own; ELECTRA has one.
 """
 from __future__ import annotations
@@ -28,7 +29,29 @@ REL = 2e-4
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    return tiny_shards(tmp_path_factory.mktemp("tinyc"))
+    """The tiny shard set one level down (<root>/w/shards), so that <root> is the store root in which
+    ``collocations_for`` looks for the tokenizer output that encoded it (``pmi_vocab``)."""
+    return tiny_shards(tmp_path_factory.mktemp("tinyc") / "w")
+
+
+@pytest.fixture(scope="module")
+def pmi_vocab(shards):
+    """PMI-masking's n-gram vocabulary for the tiny shard set, built by the tokenizer stage's own code
+    (``build_vocabulary`` over the shards' normalized docs and tokenizer) where the pretrain loop finds it:
+    <store root>/tokenizer/<the shards' tokenizer_fingerprint>. Returns {units: hashes}."""
+    from tokenizers import Tokenizer
+
+    from mlm_core.config_data import TokenizerConfig
+    from mlm_core.pmi import build_vocabulary, load_collocations
+    from mlm_core.store import StageStore
+    shard_art, tok_art = shards
+    out = StageStore(shard_art.path.parent.parent).out_dir("tokenizer", shard_art.manifest["tokenizer_fingerprint"])
+    out.mkdir(parents=True)
+    stats = build_vocabulary(shard_art.path.parent / "norm", list(shard_art.manifest["languages"]),
+                             Tokenizer.from_file(str(tok_art.path / "tokenizer.json")),
+                             TokenizerConfig(pmi_vocab=40, pmi_min_count=3), out)
+    assert all(v["kept"] > 0 for v in stats["languages"].values()), stats   # a table pmi can really mask from
+    return load_collocations(out)
 
 
 def _entries(fn) -> int:
@@ -47,12 +70,12 @@ def _close(a, b, rel=REL):
     assert not bad, f"compiled vs eager differ beyond {rel}: {bad[:5]}"
 
 
-def test_mlm_one_graph_across_schedule_and_strategies_matches_eager(shards, tmp_path):
+def test_mlm_one_graph_across_schedule_and_strategies_matches_eager(shards, pmi_vocab, tmp_path):
     from torch._dynamo.utils import counters
 
     from mlm_core.train import compiled
     breaks, shapes = sum(counters["graph_break"].values()), set()
-    for strategy in ("token", "whole_word", "span"):
+    for strategy in ("token", "whole_word", "span", "pmi"):
         before = _entries(compiled.mlm_loss)
         kw = dict(steps=20, masking={"strategy": strategy, "schedule": "cosine", "rate_max": 0.4},
                   model={"dropout": 0.1}, log_every=1)
@@ -67,7 +90,8 @@ def test_mlm_one_graph_across_schedule_and_strategies_matches_eager(shards, tmp_
         budget = compiled.masked_budget(tiny_cfg(**kw).masking, 4, 32)
         assert _entries(compiled.mlm_loss) - before == (0 if budget in shapes else 1)
         shapes.add(budget)
-    assert len(shapes) == 2                     # token and whole_word share a budget here, span has its own
+    # token and whole_word share a budget here, span and pmi (units of span_max = 10 tokens) another: B x T
+    assert len(shapes) == 2
     assert sum(counters["graph_break"].values()) == breaks
 
 
@@ -106,6 +130,7 @@ def test_budget_below_the_cap_gives_the_eager_loss_and_gradients():
     gradient; a second micro-batch with another selected count reuses the graph."""
     import torch
 
+    from compile_helpers import assert_compiled_matches_eager
     from mlm_core.config import MaskingConfig, ModelConfig
     from mlm_core.masking import Masker
     from mlm_core.model import MLMEncoder, resolve_arch
@@ -128,21 +153,12 @@ def test_budget_below_the_cap_gives_the_eager_loss_and_gradients():
         ids = torch.randint(5, V, (B, T), generator=torch.Generator().manual_seed(k))
         m = masker(ids, torch.ones(B, T, dtype=torch.bool), 0, generator=torch.Generator().manual_seed(k))
         assert 0 < int(m.selected.sum()) < budget
-        enc.zero_grad()
-        ref = enc(m.input_ids, seg, m.labels, 0.1)["loss"]
-        ref.backward()
-        g_ref = {n: p.grad.clone() for n, p in enc.named_parameters()}
-        enc.zero_grad()
-        got = fn(enc, m.input_ids, seg, m.labels, 0.1, budget)
-        got.backward()
-        assert abs(float(got.detach()) - float(ref.detach())) <= 1e-5 * abs(float(ref.detach()))
-        for n, p in enc.named_parameters():
-            torch.testing.assert_close(p.grad, g_ref[n], rtol=1e-4, atol=1e-6, msg=n)
+        assert_compiled_matches_eager(enc, fn, m.input_ids, seg, m.labels, 0.1, budget)
     assert _entries(own) == 1
 
 
 # ------------------------------------------------------------------------------------------------ budget
-def test_budget_covers_real_masks_at_the_highest_rate(shards):
+def test_budget_covers_real_masks_at_the_highest_rate(shards, pmi_vocab):
     """On the real tiny shards, 200 micro-batches of 64 x 32 per strategy at rate 0.4: no selected count
     reaches the budget (independent check of the 5-sigma margin, unit sizes included)."""
     import numpy as np
@@ -155,10 +171,11 @@ def test_budget_covers_real_masks_at_the_highest_rate(shards):
     ds = ShardDataset(shards[0])
     sp = sorted(int(e["id"]) for e in ds.manifest["special_tokens"].values())
     B = 64
-    for strategy in ("token", "whole_word", "span"):
+    for strategy in ("token", "whole_word", "span", "pmi"):
         mcfg = MaskingConfig(strategy=strategy, schedule="linear", rate_max=0.4, rate_min=0.1)
         budget = masked_budget(mcfg, B, ds.seq_len)
-        masker = Masker(mcfg, int(ds.manifest["vocab_size"]), sp, 4, 0, 100, unk_id=1)
+        masker = Masker(mcfg, int(ds.manifest["vocab_size"]), sp, 4, 0, 100, unk_id=1,
+                        collocations=pmi_vocab if strategy == "pmi" else None)
         g, rng, worst = torch.Generator().manual_seed(1), np.random.default_rng(0), 0
         n_rows = ds.rows_per_lang("train")["en"]
         for _ in range(200):
