@@ -13,10 +13,17 @@ and ``compare.png`` (per-language pseudo-perplexity and masked top-1, A vs B).
 Every number comes from the same code as ``mlm evaluate`` (``evaluate_model``) and ``mlm audit``
 (``run_audit``): the comparison adds no metric of its own, only B - A.
 
-A model whose vocabulary differs from the tokenizer the held-out shards were encoded with (an extended
-tokenizer, another family) cannot be scored on those token rows: its masked-token metrics are left empty
-with a note, and its pseudo-perplexity is still measured on the same held-out texts through its own
-tokenizer (per-token figures of two tokenizers are then not strictly comparable: the note says so).
+A model whose tokenizer *extends* the one the held-out shards were encoded with (``tokenizer.extend``: every
+shard token, special tokens included, keeps its id; new tokens are appended after them; the embedding table
+is larger) is scored on the same token rows like the other model: the rows mean the same tokens to it. Its
+ranks run over its whole vocabulary (predicting a new token counts as wrong), the unigram baseline stays the
+shards' counts, and a note says it is scored on the base segmentation (its new tokens never occur in the
+rows, where its own tokenizer would have used some) and that its pseudo-perplexity, as ``mlm evaluate``'s,
+goes through its own (extended) tokenizer on the same held-out texts.
+A model with another tokenizer (a shared token at another id, another family) cannot be scored on those
+token rows: its masked-token metrics are left empty with a note, and its pseudo-perplexity is still measured
+on the same held-out texts through its own tokenizer (per-token figures of two tokenizers are then not
+strictly comparable: the note says so).
 """
 from __future__ import annotations
 
@@ -75,15 +82,32 @@ def language_status(langs: Sequence[str], train_a: Sequence[str] | None,
 
 
 # ------------------------------------------------------------------------------------------ scoring
-def same_tokenizer(folder: Path, tokenizer_dir: Path | None) -> bool:
-    """Whether the model's tokenizer maps every token to the same id as the one the held-out shards were
-    encoded with (unknown: assumed so, and evaluate's own vocabulary-size check still applies)."""
+def tokenizer_relation(folder: Path, tokenizer_dir: Path | None) -> str:
+    """How the model's tokenizer relates to the one the held-out shards were encoded with: "same" (every token
+    at the same id; also when either is unknown: evaluate's own vocabulary-size check still applies),
+    "extension" (a strict superset: every shards' token at the same id, its special tokens still special,
+    more tokens besides) or "other"."""
     from tokenizers import Tokenizer
     ours = Path(tokenizer_dir) / "tokenizer.json" if tokenizer_dir is not None else None
     if ours is None or not ours.is_file() or not (Path(folder) / "tokenizer.json").is_file():
-        return True
-    return Tokenizer.from_file(str(Path(folder) / "tokenizer.json")).get_vocab(with_added_tokens=True) == \
-        Tokenizer.from_file(str(ours)).get_vocab(with_added_tokens=True)
+        return "same"
+    model_tok, base_tok = Tokenizer.from_file(str(Path(folder) / "tokenizer.json")), Tokenizer.from_file(str(ours))
+    model_vocab, base_vocab = model_tok.get_vocab(with_added_tokens=True), base_tok.get_vocab(with_added_tokens=True)
+    if model_vocab == base_vocab:
+        return "same"
+    if any(model_vocab.get(token) != i for token, i in base_vocab.items()):
+        return "other"
+    # the shards' special tokens (never masked targets, never counted) must stay special at their ids
+    model_special = {i: t.content for i, t in model_tok.get_added_tokens_decoder().items() if t.special}
+    if any(t.special and model_special.get(i) != t.content for i, t in base_tok.get_added_tokens_decoder().items()):
+        return "other"
+    return "extension"
+
+
+def same_tokenizer(folder: Path, tokenizer_dir: Path | None) -> bool:
+    """Whether the model's tokenizer maps every token to the same id as the one the held-out shards were
+    encoded with (unknown: assumed so, and evaluate's own vocabulary-size check still applies)."""
+    return tokenizer_relation(folder, tokenizer_dir) == "same"
 
 
 def _pll_only(folder: Path, shards_dir: Path, normalize_dir: Path | None, lc) -> dict:
@@ -113,8 +137,18 @@ def score_model(folder: Path, shards_dir: Path, normalize_dir: Path | None, lc,
     from mlm_core.audit import run_audit
     from mlm_core.evaluate.stage import evaluate_model
     notes = []
-    if same_tokenizer(folder, tokenizer_dir):
+    relation = tokenizer_relation(folder, tokenizer_dir)
+    if relation == "same":
         ev = evaluate_model(Path(folder), Path(shards_dir), normalize_dir, lc, None)
+    elif relation == "extension":
+        notes.append(f"{folder}: its tokenizer extends the one the held-out shards were encoded with (every shard "
+                     f"token at the same id, new tokens appended): its masked-token metrics are scored on the same "
+                     f"token rows, i.e. on the base segmentation (its new tokens never occur in them, where its "
+                     f"own tokenizer would have segmented some words differently), ranked over its whole "
+                     f"vocabulary (a predicted new token counts as wrong); its pseudo-perplexity uses its own "
+                     f"extended tokenizer on the same texts (per-token values of two tokenizers are not strictly "
+                     f"comparable)")
+        ev = evaluate_model(Path(folder), Path(shards_dir), normalize_dir, lc, None, extended_tokenizer=True)
     else:
         notes.append(f"{folder}: its tokenizer differs from the one the held-out shards were encoded with: masked-"
                      f"token metrics not computed; its pseudo-perplexity uses its own tokenizer on the same texts "
@@ -314,4 +348,5 @@ def write_outputs(result: dict, out_dir: Path, extra_lines: Sequence[str] = ()) 
 
 
 __all__ = ["CompareError", "compare_models", "comparison_rows", "language_status", "markdown", "metric_values",
-           "plot", "score_model", "summary_lines", "table_markdown", "training_languages", "write_outputs"]
+           "plot", "score_model", "summary_lines", "table_markdown", "tokenizer_relation", "training_languages",
+           "write_outputs"]

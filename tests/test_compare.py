@@ -258,3 +258,155 @@ def test_a_model_with_another_tokenizer_gets_pseudo_perplexity_only(two_models, 
         assert rows[("top1", lang)]["b"] is None and rows[("top1", lang)]["delta"] is None
         assert rows[("top1", lang)]["a"] is not None
         assert rows[("pseudo_perplexity", lang)]["b"] == pytest.approx(want[lang]["pseudo_perplexity"], rel=1e-9)
+
+
+# ------------------------------------------------------------------------------------------ extended tokenizer
+K_NEW = 3
+
+
+def _extended_b(two_models, folder: Path, new_bias: float, k: int = K_NEW) -> Path:
+    """A's model with k vocabulary rows appended after its last id (what ``tokenizer.extend`` produces): its
+    tokenizer is A's plus k new tokens, its new output rows get the head bias ``new_bias`` (the decoder is tied
+    to the embeddings, the bias is per row: -1e4 keeps a new token from ever being the argmax, a large one makes one
+    the argmax everywhere, +300 here). The old rows are A's, bit for bit."""
+    import dataclasses
+
+    import torch
+    from tokenizers import Tokenizer
+
+    from mlm_core.fillmask import load_model_dir
+    from mlm_core.model import MLMEncoder, save_weights
+    model, _, _ = load_model_dir(two_models["a"])
+    tok = Tokenizer.from_file(str(two_models["a"] / "tokenizer.json"))
+    V = int(model.arch.vocab_size)
+    assert tok.get_vocab_size(with_added_tokens=True) == V
+    assert tok.add_tokens([f"qqxnew{i}" for i in range(k)]) == k
+    assert sorted(tok.token_to_id(f"qqxnew{i}") for i in range(k)) == list(range(V, V + k))   # appended
+    big = MLMEncoder(dataclasses.replace(model.arch, vocab_size=V + k))
+    state = {}
+    for name, t in model.state_dict().items():
+        if name in ("tok_emb.weight", "decoder.weight"):
+            t = torch.cat([t, t[:k].clone()])          # any new rows: the bias below decides their logits
+        elif name == "head_bias":
+            t = torch.cat([t, torch.full((k,), float(new_bias))])
+        state[name] = t
+    big.load_state_dict(state, strict=True)
+    folder.mkdir(parents=True)
+    tok.save(str(folder / "tokenizer.json"))
+    save_weights(big.eval(), folder / "model.safetensors")
+    return folder
+
+
+def _score_b(two_models, folder: Path):
+    from mlm_core import stages
+    from mlm_core.compare import score_model
+    lc, arts = two_models["lc"], two_models["arts"]
+    plans = stages.plan(lc)
+    return score_model(folder, arts["shards"].path, arts["normalize"].path, lc, plans["tokenizer"].path)
+
+
+def test_an_extended_tokenizer_is_scored_on_the_token_rows(two_models, compared, tmp_path):
+    """B = A plus new vocabulary rows that are never the argmax: B predicts exactly what A predicts at every
+    position, so its top-1 / top-5 / MRR are A's; the note says it is scored on the base segmentation."""
+    from mlm_core.compare import tokenizer_relation
+    b = _extended_b(two_models, tmp_path / "ext_low", -1e4)
+    assert tokenizer_relation(b, two_models["arts"]["tokenizer"].path) == "extension"
+    ev, _, notes = _score_b(two_models, b)
+    a = compared["result"]["evaluation"]["a"]["intrinsic"]
+    assert len(notes) == 1 and "extends" in notes[0] and "base segmentation" in notes[0] and str(b) in notes[0]
+    assert "own extended tokenizer" in notes[0]
+    for lang in LANGS:
+        got = ev["intrinsic"][lang]
+        assert got["top1"] is not None and got["n_positions"] == a[lang]["n_positions"] > 0
+        for key in ("top1", "top5", "mrr", "baseline_top1"):
+            assert got[key] == a[lang][key], (lang, key)
+        assert ev["pll"][lang]["pseudo_perplexity"] is not None
+    # the comparison table carries B's masked-token metrics (not empty, as for an unrelated tokenizer)
+    from mlm_core.compare import metric_values
+    values = metric_values(ev, {})
+    for lang in LANGS:
+        assert values[("top1", lang)][0] == a[lang]["top1"]
+
+
+def test_an_extended_model_that_predicts_its_new_tokens_scores_zero(two_models, tmp_path):
+    """The same B with the new rows always the argmax: every position is wrong (a predicted new token counts
+    as wrong), so the extension path really scores B's own logits over its whole vocabulary."""
+    # +300: far above any old logit of this tiny model, yet the per-token loss (~300 nats) keeps exp() finite
+    # for the pseudo-perplexity (pll.pseudo_perplexity overflows past ~709)
+    b = _extended_b(two_models, tmp_path / "ext_high", 300.0, k=5)
+    ev, _, notes = _score_b(two_models, b)
+    assert "extends" in notes[0]
+    for lang in LANGS:      # five new tokens above every old one: the true token ranks 6th or lower
+        r = ev["intrinsic"][lang]
+        assert r["n_positions"] > 0 and r["top1"] == 0.0 and r["top5"] == 0.0 and 0 < r["mrr"] <= 1 / 6
+
+
+def _edited_tokenizer(two_models, folder: Path, swap: tuple[str, str] | None, special_swap: bool = False) -> Path:
+    """A's tokenizer.json plus two appended tokens, with two tokens' ids exchanged (``swap``: two vocabulary
+    strings; ``special_swap``: [MASK] and an ordinary token) so a shared token sits at another id."""
+    base = json.loads((two_models["a"] / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = base["model"]["vocab"]
+    if special_swap:
+        plain = next(t for t, i in sorted(vocab.items(), key=lambda kv: -kv[1]) if not t.startswith("["))
+        swap = ("[MASK]", plain)
+    x, y = swap
+    vocab[x], vocab[y] = vocab[y], vocab[x]
+    for added in base["added_tokens"]:
+        if added["content"] in (x, y):
+            added["id"] = vocab[added["content"]]
+    n = max(vocab.values()) + 1
+    vocab["qqxnew0"], vocab["qqxnew1"] = n, n + 1
+    folder.mkdir(parents=True)
+    (folder / "tokenizer.json").write_text(json.dumps(base), encoding="utf-8")
+    return folder
+
+
+def test_a_shared_token_at_another_id_is_not_an_extension(two_models, tmp_path):
+    from tokenizers import Tokenizer
+
+    from mlm_core.compare import tokenizer_relation
+    tok_dir = two_models["arts"]["tokenizer"].path
+    base = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    plain = sorted((i, t) for t, i in base.get_vocab().items() if not t.startswith("["))
+    moved = _edited_tokenizer(two_models, tmp_path / "moved", (plain[10][1], plain[11][1]))
+    special = _edited_tokenizer(two_models, tmp_path / "special", None, special_swap=True)
+    loaded = Tokenizer.from_file(str(special / "tokenizer.json"))
+    assert loaded.token_to_id("[MASK]") != base.token_to_id("[MASK]")           # the edit took
+    assert tokenizer_relation(moved, tok_dir) == "other" and tokenizer_relation(special, tok_dir) == "other"
+    assert tokenizer_relation(two_models["a"], tok_dir) == "same"
+    # the model behind the moved tokenizer: an extended model (ids appended) with the id-swapped tokenizer
+    b = _extended_b(two_models, tmp_path / "ext", -1e4, k=2)
+    (b / "tokenizer.json").write_text((moved / "tokenizer.json").read_text(encoding="utf-8"), encoding="utf-8")
+    ev, _, notes = _score_b(two_models, b)
+    assert len(notes) == 1 and "tokenizer differs" in notes[0] and "masked-token metrics not computed" in notes[0]
+    for lang in LANGS:
+        assert ev["intrinsic"][lang].get("missing") and ev["intrinsic"][lang].get("top1") is None
+        assert ev["pll"][lang]["pseudo_perplexity"] is not None
+
+
+def test_evaluate_refuses_another_vocabulary_size_unless_told_the_tokenizer_extends():
+    """The evaluate stage (no flag) keeps refusing a model whose vocabulary differs from the shards'; the flag
+    admits a larger one only, never a smaller."""
+    from types import SimpleNamespace
+
+    from mlm_core.evaluate.intrinsic import evaluate_intrinsic
+
+    class Stop(Exception):
+        pass
+
+    class Shards:                   # what evaluate_intrinsic reads before scoring; then stop
+        manifest = {"vocab_size": 400}
+
+        def languages(self, split):
+            raise Stop
+
+    specials = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
+    for vocab, flag, refused in ((403, False, True), (397, False, True), (397, True, True), (403, True, False)):
+        model = SimpleNamespace(arch=SimpleNamespace(vocab_size=vocab))
+        if refused:
+            with pytest.raises(ValueError, match=f"the shards were encoded with a vocabulary of 400 tokens, "
+                                                 f"the model has {vocab}"):
+                evaluate_intrinsic(model, Shards(), None, specials, counts={}, extended_tokenizer=flag)
+        else:
+            with pytest.raises(Stop):       # past the check
+                evaluate_intrinsic(model, Shards(), None, specials, counts={}, extended_tokenizer=flag)

@@ -120,11 +120,15 @@ def _score_language(model, shards, lang: str, n_rows: int, special_ids: Mapping[
 
 
 def evaluate_intrinsic(model, shards, cfg, special_ids: Mapping[str, int], seed: int = 0,
-                       counts: dict[str, np.ndarray] | None = None) -> dict:
+                       counts: dict[str, np.ndarray] | None = None, extended_tokenizer: bool = False) -> dict:
     """Per-language masked-token metrics on the first ``cfg.max_sequences`` validation rows (see module docstring).
 
     ``special_ids``: role -> id for pad, cls, sep, mask (unk optional). ``counts``: precomputed train token
-    counts per language (default: ``unigram_counts(shards, special_ids)``).
+    counts per language (default: ``unigram_counts(shards, special_ids)``). ``extended_tokenizer``: the caller
+    has checked that the model's tokenizer extends the shards' (every shard id means the same token, new ids
+    appended; ``mlm compare``): a larger model vocabulary is then accepted, ranks run over all of it (a
+    predicted new token counts as wrong) and the baseline stays the shards' counts. Default: the vocabulary
+    sizes must match.
     """
     import torch
     missing_roles = sorted({"pad", "cls", "sep", "mask"} - set(special_ids))
@@ -132,7 +136,7 @@ def evaluate_intrinsic(model, shards, cfg, special_ids: Mapping[str, int], seed:
         raise ValueError(f"special_ids lacks {missing_roles} (has {sorted(special_ids)})")
     vocab = int(model.arch.vocab_size)
     shard_vocab = shards.manifest.get("vocab_size")
-    if shard_vocab is not None and int(shard_vocab) != vocab:
+    if shard_vocab is not None and int(shard_vocab) != vocab and not (extended_tokenizer and vocab > int(shard_vocab)):
         raise ValueError(f"the shards were encoded with a vocabulary of {shard_vocab} tokens, the model has {vocab}")
     counts = counts if counts is not None else unigram_counts(shards, special_ids)
     langs = sorted(set(shards.languages("train")) | set(shards.languages("validation"))
@@ -286,14 +290,15 @@ def validation_texts(normalize_dir: Path, langs: list[str], fraction: float | No
 
 
 def run_intrinsic(model_dir: Path, shards_dir: Path, normalize_dir: Path | None, cfg, seed: int = 0,
-                  plot_path: Path | None = None, model_hook=None) -> dict:
+                  plot_path: Path | None = None, model_hook=None, extended_tokenizer: bool = False) -> dict:
     """Load the model folder, the shard set and (for PLL) the normalized documents; returns
     {"intrinsic": evaluate_intrinsic(...), "pll": evaluate_pll(...) or {} without normalize_dir, "mlm_model"}.
     An ELECTRA folder: model.safetensors is the generator, so the MLM metrics and PLL are the generator's
     ("mlm_model": "generator"), and each language also gets the discriminator's replaced-token detection
     metrics (``rtd``: rtd_acc, rtd_auc, rtd_baseline_acc, ...).
     ``plot_path``: also write the reliability diagrams there. ``model_hook(model) -> model``: applied to the
-    loaded model before scoring (debias.projection: ``mlm_core.bias.projection``)."""
+    loaded model before scoring (debias.projection: ``mlm_core.bias.projection``). ``extended_tokenizer``:
+    see ``evaluate_intrinsic``; the pseudo-perplexity always uses the folder's own tokenizer."""
     from mlm_core.evaluate.pll import evaluate_pll
     from mlm_core.fillmask import load_model_dir
     from mlm_core.shards.reader import ShardDataset
@@ -303,7 +308,7 @@ def run_intrinsic(model_dir: Path, shards_dir: Path, normalize_dir: Path | None,
     disc = load_discriminator(Path(model_dir))
     with ShardDataset(shards_dir) as ds:
         specials = special_ids_from_manifest(ds.manifest)
-        intrinsic = evaluate_intrinsic(model, ds, cfg, specials, seed=seed)
+        intrinsic = evaluate_intrinsic(model, ds, cfg, specials, seed=seed, extended_tokenizer=extended_tokenizer)
         if disc is not None:             # ELECTRA: the MLM metrics above are the generator's; add the discriminator's
             from mlm_core.evaluate.rtd import evaluate_rtd
             for lang, r in evaluate_rtd(model, disc, ds, cfg, specials, seed=seed).items():

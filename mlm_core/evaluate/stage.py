@@ -19,7 +19,10 @@ INTRINSIC_KEYS = ("n_positions", "n_documents", "top1", "top1_ci_low", "top1_ci_
                   "rtd_acc", "rtd_auc", "rtd_baseline_acc")
 
 
-def evaluate_model(model_dir: Path, shards_dir: Path, normalize_dir: Path | None, lc, out_dir: Path | None) -> dict:
+def evaluate_model(model_dir: Path, shards_dir: Path, normalize_dir: Path | None, lc, out_dir: Path | None,
+                   extended_tokenizer: bool = False) -> dict:
+    """``extended_tokenizer``: the model's tokenizer extends the shards' (``mlm compare`` checks it): a larger
+    model vocabulary is scored on the shards' rows (``evaluate_intrinsic``); the evaluate stage never sets it."""
     from mlm_core.evaluate.intrinsic import run_intrinsic
     from mlm_core.evaluate.transfer import run_transfer
     cfg = lc.config.evaluate
@@ -27,7 +30,7 @@ def evaluate_model(model_dir: Path, shards_dir: Path, normalize_dir: Path | None
     # debias.projection (SentenceDebias): every metric below scores the projected representations
     hook, debias = _projection(lc, model_dir, normalize_dir, out_dir)
     result = run_intrinsic(model_dir, shards_dir, normalize_dir, cfg, seed=lc.config.seed, plot_path=plot,
-                           model_hook=hook)
+                           model_hook=hook, extended_tokenizer=extended_tokenizer)
     if debias is not None:
         result["debias"] = {"projection": debias}
     if cfg.upos or cfg.classification or cfg.retrieval:
