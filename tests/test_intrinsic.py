@@ -333,3 +333,14 @@ def test_bootstrap_interval_covers_the_true_mean_about_95_percent():
         lo, hi = bootstrap_ci(groups, (rng.random(600) < 0.3).astype(float), seed=t, n_boot=400)
         hits += lo <= 0.3 <= hi
     assert 0.90 <= hits / trials <= 0.99
+
+
+def test_pseudo_perplexity_of_a_hopeless_model_is_inf_not_an_error():
+    """exp overflows above ~709.78 nats: a model that is that wrong gets PPPL = inf (like intrinsic perplexity),
+    so one broken model does not abort an evaluation or a comparison. Below it the exact value."""
+    import math
+
+    from mlm_core.evaluate.pll import pseudo_perplexity
+    assert pseudo_perplexity(-800.0 * 10, 10) == float("inf")
+    assert pseudo_perplexity(-2.0 * 4, 4) == pytest.approx(math.exp(2.0), rel=1e-12)
+    assert math.isnan(pseudo_perplexity(0.0, 0))

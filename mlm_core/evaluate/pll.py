@@ -165,8 +165,13 @@ def _can_compile(model) -> bool:
 
 
 def pseudo_perplexity(pll: float, n_tokens: int) -> float:
-    """PPPL = exp(-PLL / N) (NaN for N = 0). Pass summed PLL and summed tokens for a corpus-level value."""
-    return math.exp(-pll / n_tokens) if n_tokens > 0 else float("nan")
+    """PPPL = exp(-PLL / N) (NaN for N = 0). Pass summed PLL and summed tokens for a corpus-level value.
+    A mean loss beyond exp's float range (~709 nats: a broken or adversarial model) is +inf, as for the
+    intrinsic perplexity, rather than an OverflowError that would abort evaluate or compare."""
+    if n_tokens <= 0:
+        return float("nan")
+    nll = -pll / n_tokens
+    return math.exp(nll) if nll < 700 else float("inf")
 
 
 def tokenizer_special_ids(tokenizer) -> dict[str, int]:
