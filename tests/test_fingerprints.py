@@ -154,7 +154,9 @@ def _raw(tmp: Path, base: dict | None = None) -> dict:
 
 # Values no type-driven guess can produce (a script name must be a real Unicode script; an external reference
 # must name a real tokenizer / checkpoint folder: built once per module by the ``external`` fixture).
-SPECIAL = {"sources.ar.scripts": [["Arabic", "Latin"]], "pretrain.model.window": [64]}   # even, <= max_positions
+SPECIAL = {"sources.ar.scripts": [["Arabic", "Latin"]], "pretrain.model.window": [64],   # even, <= max_positions
+           # planning caches input-file digests in the workdir: keep the changed one out of the checkout
+           "workdir": [str(Path(__import__("tempfile").gettempdir()) / "mlm-fingerprint-walk-workdir")]}
 EXTERNAL = {"tokenizer.from": "tokenizer", "pretrain.init_from": "checkpoint"}
 # Fields valid only together with another one, set in both the base and the changed config.
 # A value naming an `external` fixture folder is replaced by its path; anything else is used as is.
