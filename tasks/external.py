@@ -8,7 +8,8 @@ The alias is looked up on every call (it may move: a moved alias resolves to ano
 content hash gives new fingerprints); a version is immutable, so its folder is reused (``NAME/VERSION`` with
 an intact import does not even ask the registry: it works offline). The download goes to
 a temporary folder renamed into place (a killed download never looks complete), and ``.mlm-import.json``
-records the model folder inside it and its content hash, re-checked on every reuse (a file edited or
+records the model folder inside it and its content hash (an ELECTRA version: also its sibling
+``hf-discriminator/``'s), re-checked on every reuse (a file edited or
 deleted since is downloaded again, with a warning).
 
 ``install()`` registers the resolver; ``flows/__init__.py`` calls it, so every ``mlm`` command and every
@@ -80,13 +81,23 @@ def _version(ref: str, uri: str) -> tuple[str, int]:
     return name, int(mv.version)
 
 
+def _discriminator(folder: Path) -> Path | None:
+    """An ELECTRA version's ``hf-discriminator/`` next to its ``hf/`` (the generator): pretrain.init_from reads
+    and fingerprints it too (``mlm_core.stages._pretrain_inputs``), so the import record covers it as well."""
+    sib = folder.parent / "hf-discriminator"
+    return sib if folder.name == "hf" and sib.is_dir() else None
+
+
 def _reuse(dest: Path, cache: Path) -> Path | None:
     """The model folder of a complete earlier download whose files still hash as recorded, else None."""
     from mlm_core.external import ExternalRefError, content_hash
     try:
         rec = json.loads((dest / RECORD).read_text(encoding="utf-8"))
         folder = dest / rec["model_dir"]
-        if content_hash(folder, cache) == rec["content_hash"]:
+        # a discriminator edited or deleted since the import is downloaded again, like the generator
+        if content_hash(folder, cache) == rec["content_hash"] and (
+                "discriminator_content_hash" not in rec
+                or content_hash(folder.parent / "hf-discriminator", cache) == rec["discriminator_content_hash"]):
             return folder
     except (OSError, ValueError, KeyError, ExternalRefError):
         pass
@@ -123,8 +134,10 @@ def resolve(ref: str, lc) -> Path:
         try:
             folder = _download(name, version, uri, tmp)
             rel = folder.relative_to(tmp).as_posix()
-            (tmp / RECORD).write_text(json.dumps({"ref": ref, "name": name, "version": version, "model_dir": rel,
-                                                  "content_hash": content_hash(folder)}), encoding="utf-8")
+            rec = {"ref": ref, "name": name, "version": version, "model_dir": rel, "content_hash": content_hash(folder)}
+            if (disc := _discriminator(folder)) is not None:
+                rec["discriminator_content_hash"] = content_hash(disc)
+            (tmp / RECORD).write_text(json.dumps(rec), encoding="utf-8")
             os.rename(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
