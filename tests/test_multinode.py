@@ -55,6 +55,32 @@ SLOW_WORKER = textwrap.dedent("""
 """)
 
 
+# the launcher's command in the join protocol test, instead of torchrun: node 0's rank 0 waits for node 1's
+# arguments of the same training (what the rendezvous does; the seed tells trainings apart), then writes the result
+FAKE_WORKER = textwrap.dedent("""
+    import json, os, sys, time
+    from pathlib import Path
+    f = Path(sys.argv[1])
+    a = json.loads(f.read_text())
+    if a["seed"] == 3:
+        sys.exit("injected failure")
+    if f.name == "worker-args.json":
+        peer, deadline = f.with_name("worker-args-node1.json"), time.monotonic() + 30
+        while True:
+            try:
+                if json.loads(peer.read_text())["seed"] == a["seed"]:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            if time.monotonic() > deadline:
+                sys.exit("node 1 never came")
+            time.sleep(0.05)
+        tmp = Path(a["result_file"] + ".tmp")
+        tmp.write_text(json.dumps({"seed": a["seed"], "step": 1}))
+        os.replace(tmp, a["result_file"])
+""")
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     return tiny_shards(tmp_path_factory.mktemp("tiny-multinode"))
@@ -153,6 +179,7 @@ def test_two_nodes_equal_one_node_with_two_processes(shards, single_node, tmp_pa
     assert ck.parent == out / "checkpoints"             # one checkpoint folder, shared by both nodes
     assert (ck / "rng-rank0.safetensors").is_file() and (ck / "rng-rank1.safetensors").is_file()
     assert (out / "launch" / "worker-args.json").is_file() and (out / "launch" / "worker-args-node1.json").is_file()
+    assert json.loads((out / "launch" / "worker-args.json").read_text())["finished"]["outcome"] == "completed"
 
 
 def test_both_nodes_stopped_and_restarted_resume_exactly(shards, single_node, tmp_path):
@@ -174,6 +201,8 @@ def test_both_nodes_stopped_and_restarted_resume_exactly(shards, single_node, tm
     assert rcs == [128 + signal.SIGTERM] * 2, [x[-3000:] for x in logs]
     assert all("INTERRUPTED" in x and "checkpoint saved in" in x for x in logs), [x[-2000:] for x in logs]
     stopped = [int(c.name.split("-")[1]) for c in (out / "checkpoints").glob("step-*")]
+    # node 1 below may start before node 0 writes the new arguments: it must wait for them, not join this attempt
+    assert json.loads((out / "launch" / "worker-args.json").read_text())["finished"]["outcome"] == "interrupted"
     assert stopped and max(stopped) < STEPS, stopped
     print(f"\nstopped both nodes at step {max(stopped)} of {STEPS}")
 
@@ -188,6 +217,46 @@ def test_both_nodes_stopped_and_restarted_resume_exactly(shards, single_node, tm
     diff = _max_diff(_params(ref["checkpoint"]), _params(got["checkpoint"]))
     assert diff < 1e-5, diff
     print(f"after the restart: max |param diff| {diff:.1e}, max |loss diff| {_loss_diff(out, ref_out):.1e}")
+
+
+def test_join_waits_for_the_next_attempt_not_a_finished_one(tmp_path, monkeypatch):
+    """The join protocol on the shared folder, without torchrun (FAKE_WORKER). A node started right after an
+    attempt ended must not take that attempt's arguments (it used to, for timeout_s after node 0 wrote them, and
+    then failed to meet a node 0 that was gone): it waits for node 0's next attempt and joins that one, or times
+    out naming the folder and the finished attempt it found. Finished = completed, failed or interrupted."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlm_core.train import distributed
+    from mlm_core.train.distributed import DistributedTrainingError, join, launch
+    (tmp_path / "fake_worker.py").write_text(FAKE_WORKER)
+    monkeypatch.setattr(distributed, "torchrun_command",
+                        lambda dist_cfg, args_file, module, rdzv_id=None: [sys.executable, str(tmp_path / "fake_worker.py"),
+                                                                           str(args_file)])
+    cfg = tiny_cfg(distributed={"nproc_per_node": 1, "nnodes": 2, "node_rank": 0, "rdzv_endpoint": "127.0.0.1:1",
+                                "timeout_s": 60})
+    run_dir = tmp_path / "pretrain-checkpoints" / "key" / "launch"          # where the pretrain stage launches
+    node0 = lambda seed: launch({"config": cfg.model_dump(mode="json"), "seed": seed}, cfg.distributed, run_dir)
+    pool = ThreadPoolExecutor(2)
+    try:
+        first = pool.submit(node0, 1)
+        assert join(tmp_path, 1, wait_s=30)["seed"] == 1          # attempt 1: both nodes, from the workdir
+        assert first.result(30)["seed"] == 1
+        late = pool.submit(join, run_dir, 1, wait_s=60)           # a node started after attempt 1 ended
+        time.sleep(3)
+        assert not late.done(), f"joined the finished attempt: {late.result() if late.done() else ''}"
+        assert node0(2)["seed"] == 2                              # node 0's next training meets it
+        assert late.result(30)["seed"] == 2
+        assert json.loads((run_dir / "worker-args-node1.json").read_text())["seed"] == 2
+    finally:
+        pool.shutdown(wait=False)
+    with pytest.raises(DistributedTrainingError) as e:
+        join(tmp_path, 1, wait_s=2)
+    msg = str(e.value)
+    assert str(tmp_path) in msg and str(run_dir / "worker-args.json") in msg and "completed" in msg, msg
+    with pytest.raises(DistributedTrainingError):
+        node0(3)                                                  # a failed attempt is finished too
+    with pytest.raises(DistributedTrainingError, match="failed"):
+        join(run_dir, 1, wait_s=2)
 
 
 def test_two_nodes_without_rendezvous_endpoint_is_a_config_error(tmp_path):

@@ -19,7 +19,7 @@ numbers them by ``node_rank``. Every node's ``launch`` returns rank 0's result, 
 A SIGTERM to one node stops all ranks at the same step boundary (checkpoint first); every node then raises
 ``signals.Interrupted``, and relaunching every node resumes from that checkpoint. Through the pipeline: node 0
 runs ``mlm run``; every other node runs ``python -m mlm_core.train.join WORKDIR --node-rank R``
-(``join``: node 0's arguments from the shared folder).
+(``join``: the arguments of node 0's live attempt, from the shared folder).
 
 Worker: ``setup()`` reads RANK / WORLD_SIZE / LOCAL_RANK, picks the backend (gloo on CPU, nccl on CUDA)
 and calls ``init_process_group`` with the timeout. ``wrap_model`` returns DDP, or the module sharded
@@ -40,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Callable
 
@@ -209,15 +210,48 @@ def launch(args: dict, dist_cfg, run_dir: Path, *, metrics_cb: Callable[[dict], 
     err_dir, result_file = run_dir / "errors", run_dir / "result.json"
     # Several nodes share run_dir (checkpoints need a shared folder anyway). Node 0 clears the last attempt's
     # files before its torchrun starts, hence before any rank of this attempt can run (they wait for node 0
-    # in the rendezvous); the others leave them alone. Each node writes its own arguments file.
+    # in the rendezvous); the others leave them alone. Each node writes its own arguments file; node 0's names
+    # a new attempt, and node 0 marks that attempt finished when its launch ends, however it ends, so that
+    # `join` never takes the arguments of an attempt whose node 0 is gone.
     primary = dist_cfg.node_rank == 0
     if primary:
         for f in err_dir.glob("rank*.txt"):
             f.unlink()
         result_file.unlink(missing_ok=True)
+    attempt = uuid.uuid4().hex if primary else args.get("attempt")
     args_file = run_dir / ("worker-args.json" if primary else f"worker-args-node{dist_cfg.node_rank}.json")
     from mlm_core.store import write_json_atomic
-    write_json_atomic(args_file, {**args, "result_file": str(result_file)})
+    write_json_atomic(args_file, {**args, "attempt": attempt, "result_file": str(result_file)})
+    if not primary:
+        return _run(args, dist_cfg, args_file, metrics_cb, module, stall_timeout_s, env)
+    outcome = "failed"
+    try:
+        res = _run(args, dist_cfg, args_file, metrics_cb, module, stall_timeout_s, env)
+        outcome = "completed"
+        return res
+    except (signals.Interrupted, KeyboardInterrupt):
+        outcome = "interrupted"
+        raise
+    finally:
+        _finish_attempt(args_file, attempt, outcome)
+
+
+def _finish_attempt(args_file: Path, attempt: str, outcome: str) -> None:
+    """Mark node 0's attempt over in its arguments file (``finished``); a later attempt's file is left alone."""
+    from mlm_core.store import write_json_atomic
+    try:
+        cur = json.loads(args_file.read_text(encoding="utf-8"))
+        if cur.get("attempt") == attempt:
+            at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+            write_json_atomic(args_file, {**cur, "finished": {"outcome": outcome, "at": at}})
+    except (OSError, ValueError) as e:      # never hide the launch's own outcome; join's age check remains
+        log.warning("could not mark attempt %s finished in %s: %s", attempt, args_file, e)
+
+
+def _run(args: dict, dist_cfg, args_file: Path, metrics_cb, module: str, stall_timeout_s, env) -> dict:
+    """One node's torchrun for ``launch``, its arguments file written: stream, wait, return rank 0's result."""
+    run_dir = args_file.parent
+    err_dir, result_file = run_dir / "errors", run_dir / "result.json"
     cmd = torchrun_command(dist_cfg, args_file, module,
                            rdzv_id=rendezvous_id(args, run_dir) if dist_cfg.nnodes > 1 else None)
     procs = dist_cfg.nproc_per_node
@@ -309,20 +343,28 @@ def _wait_result(path: Path, timeout_s: float) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ other nodes
-def _fresh_args(root: Path) -> Path | None:
+def _live_args(root: Path) -> tuple[Path | None, list[str]]:
     """The newest worker-args.json node 0 wrote under ``root`` (a launch folder, or a workdir:
-    ``pretrain-checkpoints/*/launch/``) that is younger than its own rendezvous timeout: an older one is a past
-    attempt whose node 0 no longer waits."""
+    ``pretrain-checkpoints/*/launch/``) whose attempt is live: not marked ``finished`` (node 0's launch ended)
+    and younger than its own rendezvous timeout (an older one is an attempt whose node 0 no longer waits, or was
+    killed before it could mark it). Also returns why each other file was passed over, for the timeout error."""
     direct = root / "worker-args.json"
     cands = [direct] if direct.is_file() else list(root.glob("pretrain-checkpoints/*/launch/worker-args.json"))
+    skipped = []
     for mtime, path in sorted(((p.stat().st_mtime, p) for p in cands), reverse=True):
         try:
-            timeout = json.loads(path.read_text(encoding="utf-8"))["config"]["distributed"]["timeout_s"]
-        except (OSError, ValueError, KeyError):
+            args = json.loads(path.read_text(encoding="utf-8"))
+            timeout = args["config"]["distributed"]["timeout_s"]
+        except (OSError, ValueError, KeyError) as e:
+            skipped.append(f"{path}: unreadable ({type(e).__name__}: {e})")
             continue
-        if time.time() - mtime <= timeout:
-            return path
-    return None
+        if done := args.get("finished"):
+            skipped.append(f"{path}: attempt {args.get('attempt')} finished ({done.get('outcome')} at {done.get('at')})")
+        elif (age := time.time() - mtime) > timeout:
+            skipped.append(f"{path}: written {age:.0f} s ago, older than its distributed.timeout_s {timeout}")
+        else:
+            return path, skipped
+    return None, skipped
 
 
 def join(root: Path, node_rank: int, *, wait_s: float = 600, module: str = "mlm_core.train.worker") -> dict:
@@ -331,13 +373,16 @@ def join(root: Path, node_rank: int, *, wait_s: float = 600, module: str = "mlm_
     Node 0's pretrain stage writes ``worker-args.json`` into the shared launch folder, then waits for the
     other nodes in the rendezvous. Running ``mlm run`` on the other nodes too would not do: they would wait for
     node 0's locks on the shared workdir. Instead each runs ``python -m mlm_core.train.join
-    WORKDIR_OR_LAUNCH_FOLDER --node-rank R``, which waits (``wait_s``) for node 0's arguments and launches
-    this node's processes with them; returns rank 0's result."""
+    WORKDIR_OR_LAUNCH_FOLDER --node-rank R``, which waits (``wait_s``) for a live attempt of node 0 (not one
+    that already ended: see ``_live_args``) and launches this node's processes with its arguments; returns rank
+    0's result."""
     root, t0 = Path(root), time.monotonic()
-    while (path := _fresh_args(root)) is None:
+    while (path := (live := _live_args(root))[0]) is None:
         if time.monotonic() - t0 > wait_s:
-            raise DistributedTrainingError(f"no worker-args.json from node 0 under {root} within {wait_s:.0f} s: "
-                                           "start `mlm run` on node 0 (nnodes > 1) with the same shared workdir")
+            found = "; ".join(live[1]) or "no worker-args.json at all"
+            raise DistributedTrainingError(f"no live attempt from node 0 under {root} within {wait_s:.0f} s "
+                                           f"(found: {found}): start `mlm run` on node 0 (nnodes > 1) with the same "
+                                           "shared workdir")
         time.sleep(1.0)
     args = json.loads(path.read_text(encoding="utf-8"))
     args.pop("result_file", None)

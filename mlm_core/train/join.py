@@ -2,9 +2,10 @@
 
 Node 0 runs the pipeline (``mlm run CONFIG`` with ``pretrain.distributed.nnodes`` > 1 and ``rdzv_endpoint`` =
 node 0's host:port); its pretrain stage writes the worker arguments into the shared workdir and waits for the
-other nodes. Each other node runs this command on the same shared workdir: it takes node 0's arguments and
-launches its own processes (``distributed.join``). Exit 0 when training completed, 128 + signal when stopped by
-a signal (every node checkpointed at the same step: run both again to resume), 1 on a failure.
+other nodes. Each other node runs this command on the same shared workdir: it waits for a live attempt of
+node 0 (one whose launch has not ended) and launches its own processes with its arguments (``distributed.join``).
+Exit 0 when training completed, 128 + signal when stopped by a signal (every node checkpointed at the same step:
+run both again to resume), 1 on a failure.
 """
 from __future__ import annotations
 
