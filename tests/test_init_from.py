@@ -16,6 +16,7 @@ torchrun processes, and the bad inputs.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -232,6 +233,72 @@ def test_roberta_with_objective_electra_is_refused(family_runs):
     _, _, tmp = family_runs["roberta"]
     with pytest.raises(StageError, match="padding_idx \\+ 1, which the ELECTRA layout cannot express"):
         run_stages(tmp / "cfg.yaml", ["pretrain.objective=electra"])
+
+
+# ------------------------------------------------------------------------------------------------ generator_fraction
+@pytest.fixture(scope="module")
+def electra_half(tmp_path_factory):
+    """An ELECTRA pair whose generator is half the discriminator's width (hidden 16 of 32, ffn 64 of 128: the
+    default generator_fraction 0.25 would give hidden 8, ffn 32), and the stages up to shards on it."""
+    tmp = tmp_path_factory.mktemp("electra-half")
+    ckpt = save_tiny(tmp / "ckpt", "electra", TEXTS, ffn=128, generator_hidden=16)
+    assert json.loads((ckpt / "generator" / "config.json").read_text())["intermediate_size"] == 64
+    cfg = write_config(tmp, ckpt, pretrain={"objective": "electra", "steps": 2, "eval_every": 2,
+                                            "checkpoint_every": 2})
+    return ckpt, cfg, run_stages(cfg, names=("normalize", "tokenizer", "shards"))
+
+
+def test_explicit_generator_fraction_contradicting_the_pair_is_an_error_naming_both(electra_half):
+    """pretrain.electra.generator_fraction set to 0.25 while continuing a pair whose generator is 1/2 as wide:
+    the pretrain stage refuses before training, naming the key, its value, the checkpoint and the generator."""
+    from mlm_core.errors import StageError
+    ckpt, cfg, _ = electra_half
+    with pytest.raises(StageError, match=r"pretrain\.electra\.generator_fraction = 0\.25 gives .*hidden 8, ffn 32.*"
+                                         + re.escape(str(ckpt)) + r" continues its own generator of hidden 16, "
+                                         r"ffn 64, 0\.5 of the discriminator's hidden 32, ffn 128: set it to 0\.5"):
+        run_stages(cfg, ["pretrain.electra.generator_fraction=0.25"])
+
+
+def test_generator_fraction_matching_the_pair_or_unset_continues_the_checkpoints_generator(electra_half):
+    """Set to the pair's own 0.5, or left unset (default 0.25), the run starts from the checkpoint's generator:
+    hidden 16 (not the 8 that 0.25 of the discriminator would give); the explicit one trains and exports it."""
+    from mlm_core.configio import load_config
+    from mlm_core.train.init_from import build, prepare
+    ckpt, cfg, arts = electra_half
+    for overrides in ([], ["pretrain.electra.generator_fraction=0.5"]):
+        lc = load_config(cfg, overrides)
+        assert ("generator_fraction" in lc.config.pretrain.electra.model_fields_set) == bool(overrides)
+        model = build(lc.config.pretrain, prepare(lc, arts["shards"], arts["tokenizer"]))
+        assert (model.gen.arch.hidden, model.gen.arch.ffn, model.disc.arch.hidden) == (16, 64, 32)
+    out = run_stages(cfg, ["pretrain.electra.generator_fraction=0.5"])["pretrain"]
+    assert hf_model(out.path / "hf").config.hidden_size == 16
+
+
+def test_generator_fraction_against_published_electra_shapes():
+    """google/electra-base: discriminator hidden 768, 12 heads, ffn 3072; generator hidden 256, 4 heads, ffn 1024
+    (1/3, Clark et al. 2020, table 6): 1/3 as written in YAML passes; 0.25 does not and the error offers 0.3333.
+    A generator whose hidden and ffn are different fractions matches no value: the error says to remove it."""
+    from types import SimpleNamespace
+
+    from mlm_core.config import PretrainConfig
+    from mlm_core.errors import StageError
+    from mlm_core.model.sizes import Arch
+    from mlm_core.train.init_from import _check_generator_fraction
+    base = dict(layers=12, vocab_size=30522, pad_id=0, max_positions=512, position="learned", norm="post",
+                dropout=0.1, tie_embeddings=True)
+    disc = Arch(hidden=768, heads=12, ffn=3072, **base)
+    pair = SimpleNamespace(disc_arch=disc, arch=Arch(hidden=256, heads=4, ffn=1024, **base))
+
+    def cfg(f):
+        return PretrainConfig.model_validate({"objective": "electra", "electra": {"generator_fraction": f}})
+    for f in (0.3333, 0.33333333):
+        _check_generator_fraction(cfg(f), pair, "ckpt")
+    with pytest.raises(StageError, match=r"= 0\.25 gives a generator of hidden 192, ffn 768, .* set it to 0\.3333"):
+        _check_generator_fraction(cfg(0.25), pair, "ckpt")
+    odd = SimpleNamespace(disc_arch=disc, arch=Arch(hidden=384, heads=12, ffn=3072, **base))
+    with pytest.raises(StageError, match=r"remove it \(hidden and ffn are not the same fraction, 0\.5 and 1\)"):
+        _check_generator_fraction(cfg(0.5), odd, "ckpt")
+    _check_generator_fraction(PretrainConfig.model_validate({"objective": "electra"}), odd, "ckpt")  # unset
 
 
 # ------------------------------------------------------------------------------------------------ bad inputs

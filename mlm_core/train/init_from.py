@@ -18,7 +18,9 @@ The run takes the checkpoint's special tokens, max positions and shape (``mlm_co
 
 Objective x checkpoint:
   * mlm from BERT / RoBERTa / XLM-R (or an ELECTRA generator alone): the MLM continues.
-  * electra from an ELECTRA pair (discriminator + generator): the pair continues.
+  * electra from an ELECTRA pair (discriminator + generator): the pair continues, with the checkpoint's
+    generator; ``electra.generator_fraction`` set explicitly to a value that would not give that generator's
+    width (hidden and ffn) is an error naming both (``_check_generator_fraction``); left unset, it is ignored.
   * electra from a BERT checkpoint: the checkpoint becomes the discriminator (its encoder; the MLM head is
     dropped, the replaced-token head is fresh) and a fresh generator, ``electra.generator_fraction`` of its
     width, shares its embeddings, as ELECTRA trains; the export is an ELECTRA pair. From RoBERTa / XLM-R it
@@ -34,11 +36,13 @@ loop restores it on top of the model built here (it is later), and the key holds
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlm_core.errors import StageError
 
+log = logging.getLogger(__name__)
 FIELD = "pretrain.init_from"
 HEAD_KEYS = ("head_dense.weight", "head_dense.bias", "head_norm.weight", "head_norm.bias", "decoder.weight",
              "head_bias")
@@ -72,6 +76,7 @@ def prepare(lc, shards, tok) -> InitSpec:
     _check_specials(p, shards.manifest["special_tokens"], tok, where)
     vocab, extension = _vocabulary(p, shards, tok, where)
     _check_objective(cfg, p, where)
+    _check_generator_fraction(cfg, p, where)
     dropout = cfg.model.dropout if "dropout" in cfg.model.model_fields_set else None
     return InitSpec(folder=str(folder), vocab_size=vocab, dropout=dropout, extension=extension)
 
@@ -122,6 +127,40 @@ def _check_objective(cfg, p, where: str) -> None:
             raise StageError(f"pretrain: objective electra from {where} ({p.family}): its positions start at "
                              f"padding_idx + 1, which the ELECTRA layout cannot express (the result could not be "
                              f"exported back); use objective mlm, or an ELECTRA or BERT checkpoint")
+
+
+def _fraction_gives(disc, gen, fraction: float) -> tuple[int, int]:
+    """(hidden, ffn) that ``fraction`` of ``disc`` gives, rounded as ``mlm_core.model.sizes.resolve_arch``
+    rounds a generator, with the generator's own head count (a transformers pair may have fewer heads in
+    the generator, e.g. electra-base: 4 of 12; in this pipeline's pairs they are the same)."""
+    from mlm_core.model.sizes import _round_to
+    multiple = gen.heads * (2 if gen.position == "rotary" else 1)
+    return _round_to(disc.hidden * fraction, multiple), max(8, int(round(disc.ffn * fraction)))
+
+
+def _check_generator_fraction(cfg, p, where: str) -> None:
+    """An ELECTRA pair continues with its own generator: an explicit ``electra.generator_fraction`` (the user's
+    statement of the generator's width, as in ``check_model_config``: set in the file or an override) must give
+    that width, else the run would silently train another generator than the config says."""
+    if cfg.objective != "electra" or p.disc_arch is None:
+        return      # BERT -> discriminator: the fraction sizes the fresh generator (build), as without init_from
+    d, g = p.disc_arch, p.arch
+    own = g.hidden / d.hidden
+    if "generator_fraction" not in cfg.electra.model_fields_set:
+        log.info("pretrain: %s: continuing its ELECTRA generator (hidden %d, ffn %d: %.4g of the discriminator's "
+                 "width); pretrain.electra.generator_fraction is unset and does not apply", where, g.hidden,
+                 g.ffn, own)
+        return
+    fraction = cfg.electra.generator_fraction
+    if _fraction_gives(d, g, fraction) == (g.hidden, g.ffn):
+        return
+    fix = (f"set it to {own:.4g}, or remove it" if _fraction_gives(d, g, own) == (g.hidden, g.ffn) else
+           f"remove it (hidden and ffn are not the same fraction, {own:.4g} and {g.ffn / d.ffn:.4g})")
+    hid, ffn = _fraction_gives(d, g, fraction)
+    raise StageError(f"pretrain: pretrain.electra.generator_fraction = {fraction:g} gives a generator of hidden "
+                     f"{hid}, ffn {ffn}, but the ELECTRA pair {where} continues its own generator of hidden "
+                     f"{g.hidden}, ffn {g.ffn}, {own:.4g} of the discriminator's hidden {d.hidden}, ffn {d.ffn}: "
+                     f"{fix} (unset, the checkpoint's generator is used)")
 
 
 # ------------------------------------------------------------------------------------------------ building
