@@ -86,7 +86,8 @@ def _sha256(path: Path) -> str:
 def file_hash(path: Path | str, cache_dir: Path | str | None = None) -> str:
     """sha256 of one input file's bytes. A large corpus file is hashed once: the digest is cached in
     ``cache_dir`` keyed by the file's real path and reused while its size, mtime and inode are unchanged (a copy
-    of the same bytes elsewhere, or a fresh mtime, only costs one more hash, never a different fingerprint)."""
+    of the same bytes elsewhere, or a fresh mtime, only costs one more hash, never a different fingerprint).
+    The cache is written only when ``cache_dir``'s parent (the workdir) already exists."""
     path = Path(path)
     st = path.stat()
     stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
@@ -101,7 +102,8 @@ def file_hash(path: Path | str, cache_dir: Path | str | None = None) -> str:
         except (OSError, ValueError):
             pass
     digest = _sha256(path)
-    if cache is not None:
+    # only into a workdir that exists: planning (mlm status, a plan that fails) never creates the workdir
+    if cache is not None and Path(cache_dir).parent.is_dir():
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(f".{os.getpid()}.tmp")

@@ -527,6 +527,9 @@ def test_input_files_enter_by_content_not_mtime(tmp_path, monkeypatch):
     lc = load_config(DEMO, raw=raw)
     fps = lambda: {n: p.fingerprint for n, p in stages.plan(load_config(DEMO, raw=raw)).items()}   # noqa: E731
     base = fps()
+    assert not lc.workdir.exists()          # planning does not create the workdir (nor its digest cache) ...
+    lc.workdir.mkdir(parents=True)          # ... a workdir in use keeps the digests
+    assert fps() == base
 
     reads = []
     real_sha = external._sha256
