@@ -107,12 +107,19 @@ def file_hash(path: Path | str, cache_dir: Path | str | None = None) -> str:
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"path": os.path.realpath(path), "stamp": stamp, "sha256": digest}),
+            tmp.write_text(json.dumps({"path": real, "stamp": stamp, "sha256": digest}),
                            encoding="utf-8")
             os.replace(tmp, cache)
         except OSError:         # a read-only workdir (mlm status on a shared store): hash again next time
             pass
     return digest
+
+
+def discriminator_sibling(folder: Path) -> Path | None:
+    """This pipeline's ELECTRA export given by its generator folder ``<run>/hf``: the sibling
+    ``<run>/hf-discriminator`` (read, fingerprinted and import-checked with it), else None."""
+    sib = Path(folder).parent / "hf-discriminator"
+    return sib if Path(folder).name == "hf" and sib.is_dir() else None
 
 
 def content_hash(folder: Path | str, cache_dir: Path | str | None = None,

@@ -135,7 +135,7 @@ def _pretrain_inputs(lc: LoadedConfig):
     """The initial checkpoint's content hash (pretrain.init_from); None: a fresh model. An ELECTRA export given
     by its generator folder ``<run>/hf`` also reads the sibling ``<run>/hf-discriminator``: hashed too.
     pretrain.bias_regularizer: its word-pair lists' content hashes (``bias_regularizer_lists``)."""
-    from mlm_core.external import folder_hash, resolve_ref
+    from mlm_core.external import discriminator_sibling, folder_hash, resolve_ref
     bias = None
     if lc.config.pretrain.bias_regularizer is not None:
         from mlm_core.bias.regularizer import lists_input
@@ -145,8 +145,7 @@ def _pretrain_inputs(lc: LoadedConfig):
         return bias
     folder = resolve_ref(ref, lc, field)
     got = {"content_hash": folder_hash(folder, lc, field)}
-    sibling = folder.parent / "hf-discriminator"
-    if folder.name == "hf" and sibling.is_dir():
+    if (sibling := discriminator_sibling(folder)) is not None:
         got["discriminator_content_hash"] = folder_hash(sibling, lc, field)
     return {"init_from": got} | (bias or {})
 

@@ -81,23 +81,17 @@ def _version(ref: str, uri: str) -> tuple[str, int]:
     return name, int(mv.version)
 
 
-def _discriminator(folder: Path) -> Path | None:
-    """An ELECTRA version's ``hf-discriminator/`` next to its ``hf/`` (the generator): pretrain.init_from reads
-    and fingerprints it too (``mlm_core.stages._pretrain_inputs``), so the import record covers it as well."""
-    sib = folder.parent / "hf-discriminator"
-    return sib if folder.name == "hf" and sib.is_dir() else None
-
-
 def _reuse(dest: Path, cache: Path) -> Path | None:
     """The model folder of a complete earlier download whose files still hash as recorded, else None."""
-    from mlm_core.external import ExternalRefError, content_hash
+    from mlm_core.external import ExternalRefError, content_hash, discriminator_sibling
     try:
         rec = json.loads((dest / RECORD).read_text(encoding="utf-8"))
         folder = dest / rec["model_dir"]
         # a discriminator edited or deleted since the import is downloaded again, like the generator
         if content_hash(folder, cache) == rec["content_hash"] and (
                 "discriminator_content_hash" not in rec
-                or content_hash(folder.parent / "hf-discriminator", cache) == rec["discriminator_content_hash"]):
+                or ((disc := discriminator_sibling(folder)) is not None
+                    and content_hash(disc, cache) == rec["discriminator_content_hash"])):
             return folder
     except (OSError, ValueError, KeyError, ExternalRefError):
         pass
@@ -107,7 +101,7 @@ def _reuse(dest: Path, cache: Path) -> Path | None:
 
 def resolve(ref: str, lc) -> Path:
     """The local model folder of ``ref`` (see the module docstring)."""
-    from mlm_core.external import cache_dir, content_hash
+    from mlm_core.external import cache_dir, content_hash, discriminator_sibling
     from mlm_core.locks import file_lock
     from tasks.registry import RegistryError, _parse_ref
     cache = cache_dir(lc)
@@ -135,7 +129,7 @@ def resolve(ref: str, lc) -> Path:
             folder = _download(name, version, uri, tmp)
             rel = folder.relative_to(tmp).as_posix()
             rec = {"ref": ref, "name": name, "version": version, "model_dir": rel, "content_hash": content_hash(folder)}
-            if (disc := _discriminator(folder)) is not None:
+            if (disc := discriminator_sibling(folder)) is not None:
                 rec["discriminator_content_hash"] = content_hash(disc)
             (tmp / RECORD).write_text(json.dumps(rec), encoding="utf-8")
             os.rename(tmp, dest)
