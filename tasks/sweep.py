@@ -120,16 +120,28 @@ def child_command(sweep, run) -> list[str]:
     return cmd
 
 
+def child_env(link: dict, api_url: str | None) -> dict:
+    """The environment of a child run: the sweep's link, its Prefect API and this process as the parent.
+
+    Prefect's client keeps its default retries (5, with 2^n s backoff) against the sweep's server: with two
+    runs writing at once the server's SQLite answers 503 to a write that meets another (WAL cannot upgrade a
+    read to a write while another writer commits; Prefect maps that to 503), and capping the retries at 1 made
+    a child run fail on it under load (issue 24 item 0). When the sweep process dies, its server dies with it:
+    then ``$MLM_PARENT_PID`` lets the child's SIGTERM handler exit once its checkpoint is written instead of
+    waiting out those retries against a server that is gone (``mlm_core.train.signals``).
+    """
+    from mlm_core.train.signals import PARENT_ENV
+    env = {**os.environ, **sweep_link.env_for(link), PARENT_ENV: str(os.getpid())}
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    return env
+
+
 def run_child(sweep, run, link: dict, api_url: str | None) -> tuple[int, Path]:
     """``mlm run BASE --set ...`` in a child process; returns (exit code, its log file)."""
     out = log_file(sweep, run)
     out.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **sweep_link.env_for(link)}
-    if api_url:
-        env["PREFECT_API_URL"] = api_url
-        # the sweep's own server on this machine: when it is gone the sweep was stopped, and Prefect's default
-        # 5 retries with 2^n s backoff per request kept a SIGTERMed child alive ~2 min reporting its crash
-        env.setdefault("PREFECT_CLIENT_MAX_RETRIES", "1")
+    env = child_env(link, api_url)
     cmd = child_command(sweep, run)
     with open(out, "a", encoding="utf-8") as f:    # appended: a resumed run's log follows the killed one's
         f.write(f"\n===== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")

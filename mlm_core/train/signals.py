@@ -11,6 +11,16 @@ Outside training (``graceful()`` not active) the first signal acts at once: SIGI
 immediately (their outputs are atomic: nothing half-written becomes complete). A second signal during
 training also acts at once, for an operator who does not want to wait for the checkpoint.
 
+Never inside an import: a signal that arrives while the main thread is importing a module (Prefect's
+plugins, torch) is not acted on there, because an exception raised from inside an import leaves a half-
+initialised module behind and may be swallowed by the importer (Prefect logged "Failed to initialize plugins:
+stopped by SIGTERM" and carried on). A helper thread re-delivers the signal once the import has returned.
+
+Orphaned sweep runs: an ``mlm sweep`` child gets ``$MLM_PARENT_PID``; when SIGTERM comes because that parent
+died (``PR_SET_PDEATHSIG``, e.g. the sweep was killed with kill -9), the sweep's temporary Prefect server died
+with it, and reporting the stop to it would only wait out the client's retries. Such a run exits
+(128 + signal) as soon as its checkpoint is written (or at once outside training), after a short grace.
+
 Distributed: every rank gets the signal (torchrun forwards it), but maybe not before the same step, so
 ``should_stop`` takes the max of the flag over ranks (one tiny all-reduce per step) and all ranks stop at
 the same step boundary.
@@ -19,7 +29,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from typing import Iterator
@@ -30,7 +42,10 @@ log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 _flag = threading.Event()
-_state = {"signum": 0, "at": 0.0, "graceful": 0, "installed": False}
+_state = {"signum": 0, "at": 0.0, "graceful": 0, "installed": False, "deferred": 0, "orphan_exit": False}
+PARENT_ENV = "MLM_PARENT_PID"   # set by `mlm sweep` for its child runs (tasks.sweep.child_env)
+ORPHAN_GRACE_S = 2.0            # an orphaned run's logs flush in this time after its checkpoint
+IMPORT_POLL_S = 0.02
 
 
 class Interrupted(MlmError):
@@ -49,7 +64,60 @@ def _name(signum: int) -> str:
         return f"signal {signum}"
 
 
+def in_import(frame) -> bool:
+    """Whether ``frame`` (or a caller of it) is executing an import statement."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver_after_import(signum: int) -> None:
+    """Thread body: wait until the main thread has left every import, then send it ``signum`` again."""
+    main = threading.main_thread()
+    while True:
+        frame = sys._current_frames().get(main.ident)
+        if frame is None:                      # the main thread has ended
+            return
+        if not in_import(frame):
+            break
+        time.sleep(IMPORT_POLL_S)
+    _state["deferred"] = 0
+    signal.pthread_kill(main.ident, signum)
+
+
+def _orphaned() -> bool:
+    parent = os.environ.get(PARENT_ENV, "")
+    return parent.isdigit() and os.getppid() != int(parent)
+
+
+def _exit_when_checkpointed(signum: int) -> None:
+    """Thread body for an orphaned run: wait until no training is in its graceful window (its checkpoint is
+    written), give the logs a moment, then leave without reporting to the dead orchestrator."""
+    while _state["graceful"] > 0:
+        time.sleep(0.1)
+    time.sleep(ORPHAN_GRACE_S)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(128 + int(signum))
+
+
 def _handler(signum, frame) -> None:
+    if in_import(frame):
+        # act once the import has returned (module docstring); a second signal meanwhile changes nothing
+        if not _state["deferred"]:
+            _state["deferred"] = signum
+            threading.Thread(target=_redeliver_after_import, args=(signum,), daemon=True,
+                             name="mlm-signal-after-import").start()
+        return
+    if signum == signal.SIGTERM and not _state["orphan_exit"] and _orphaned():
+        _state["orphan_exit"] = True
+        log.warning("the parent sweep is gone (and its Prefect server with it): exiting once the checkpoint "
+                    "is written; rerun the sweep to resume")
+        threading.Thread(target=_exit_when_checkpointed, args=(signum,), daemon=True,
+                         name="mlm-orphan-exit").start()
     first = not _flag.is_set()
     _state["signum"], _state["at"] = signum, _state["at"] or time.monotonic()
     _flag.set()
@@ -126,4 +194,4 @@ def interrupted(step: int, checkpoint) -> Interrupted:
                        f"checkpoint saved in {checkpoint}: rerun the same command to resume", signum)
 
 
-__all__ = ["Interrupted", "install", "restore", "reset", "requested", "graceful", "should_stop", "interrupted"]
+__all__ = ["Interrupted", "in_import", "PARENT_ENV", "install", "restore", "reset", "requested", "graceful", "should_stop", "interrupted"]
