@@ -18,8 +18,9 @@ stopped by SIGTERM" and carried on). A helper thread re-delivers the signal once
 
 Orphaned sweep runs: an ``mlm sweep`` child gets ``$MLM_PARENT_PID``; when SIGTERM comes because that parent
 died (``PR_SET_PDEATHSIG``, e.g. the sweep was killed with kill -9), the sweep's temporary Prefect server died
-with it, and reporting the stop to it would only wait out the client's retries. Such a run exits
-(128 + signal) as soon as its checkpoint is written (or at once outside training), after a short grace.
+with it, and reporting the stop to it would only wait out the client's retries. A thread started by ``install``
+watches that parent; once it is gone the run exits (128 + signal) as soon as its checkpoint is written (at once
+outside training), after a short grace, whichever handler (ours, or Prefect's inside a flow) took the signal.
 
 Distributed: every rank gets the signal (torchrun forwards it), but maybe not before the same step, so
 ``should_stop`` takes the max of the flag over ranks (one tiny all-reduce per step) and all ranks stop at
@@ -46,6 +47,7 @@ _state = {"signum": 0, "at": 0.0, "graceful": 0, "installed": False, "deferred":
 PARENT_ENV = "MLM_PARENT_PID"   # set by `mlm sweep` for its child runs (tasks.sweep.child_env)
 ORPHAN_GRACE_S = 2.0            # an orphaned run's logs flush in this time after its checkpoint
 IMPORT_POLL_S = 0.02
+ORPHAN_POLL_S = 0.25
 
 
 class Interrupted(MlmError):
@@ -87,17 +89,20 @@ def _redeliver_after_import(signum: int) -> None:
     signal.pthread_kill(main.ident, signum)
 
 
-def _orphaned() -> bool:
-    parent = os.environ.get(PARENT_ENV, "")
-    return parent.isdigit() and os.getppid() != int(parent)
-
-
-def _exit_when_checkpointed(signum: int) -> None:
-    """Thread body for an orphaned run: wait until no training is in its graceful window (its checkpoint is
-    written), give the logs a moment, then leave without reporting to the dead orchestrator."""
+def _watch_parent(parent: int) -> None:
+    """Thread body for a sweep's child run: once the parent is gone (it was killed; ``PR_SET_PDEATHSIG``
+    has sent SIGTERM, handled by whichever handler is active, ours or Prefect's), wait until no training is in
+    its graceful window (its checkpoint is written), give the logs a moment, then leave without reporting to
+    the orchestrator that died with the parent."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL_S)
+    log.warning("the parent sweep is gone (and its Prefect server with it): exiting once the checkpoint is "
+                "written; rerun the sweep to resume")
+    time.sleep(ORPHAN_POLL_S)              # the SIGTERM from the parent's death reaches the handler first
     while _state["graceful"] > 0:
         time.sleep(0.1)
     time.sleep(ORPHAN_GRACE_S)
+    signum = _state["signum"] or signal.SIGTERM
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
@@ -112,12 +117,6 @@ def _handler(signum, frame) -> None:
             threading.Thread(target=_redeliver_after_import, args=(signum,), daemon=True,
                              name="mlm-signal-after-import").start()
         return
-    if signum == signal.SIGTERM and not _state["orphan_exit"] and _orphaned():
-        _state["orphan_exit"] = True
-        log.warning("the parent sweep is gone (and its Prefect server with it): exiting once the checkpoint "
-                    "is written; rerun the sweep to resume")
-        threading.Thread(target=_exit_when_checkpointed, args=(signum,), daemon=True,
-                         name="mlm-orphan-exit").start()
     first = not _flag.is_set()
     _state["signum"], _state["at"] = signum, _state["at"] or time.monotonic()
     _flag.set()
@@ -136,6 +135,9 @@ def install() -> dict:
     if threading.current_thread() is not threading.main_thread():
         return {}
     prev = {s: signal.signal(s, _handler) for s in SIGNALS}
+    parent = os.environ.get(PARENT_ENV, "")
+    if not _state["installed"] and parent.isdigit():
+        threading.Thread(target=_watch_parent, args=(int(parent),), daemon=True, name="mlm-parent-watch").start()
     _state["installed"] = True
     return prev
 
