@@ -14,7 +14,7 @@ from mlm_core.effects import Section
 
 
 class ModelConfig(Section):
-    """Encoder architecture (BERT/RoBERTa family). A named size fills every field left unset."""
+    """Encoder architecture (BERT family, or ModernBERT with ``family``). A named size fills every field left unset."""
 
     size: Literal["tiny", "small", "base"] = Field(
         default="tiny", description="Named shape (mlm_core.model.SIZES): tiny trains in seconds on CPU, base = BERT-base.",
@@ -32,9 +32,9 @@ class ModelConfig(Section):
     max_positions: int = Field(default=512, ge=8, description="Maximum sequence length the position table covers.",
         json_schema_extra={"effect": "output"})
     position: Literal["learned", "sinusoidal", "rotary"] = Field(
-        default="learned", description="Position encoding. sinusoidal exports as a fixed learned table; rotary does not export to BERT.",
+        default="learned", description="Position encoding. sinusoidal exports as a fixed learned table; rotary (post-LN) exports as RoFormerForMaskedLM.",
         json_schema_extra={"effect": "output"})
-    norm: Literal["post", "pre"] = Field(default="post", description="post-LN = BERT (exports); pre-LN trains more stably, no BERT export.",
+    norm: Literal["post", "pre"] = Field(default="post", description="post-LN = BERT / RoFormer (exports); pre-LN trains more stably, no BERT export (family modernbert is pre-LN and exports).",
         json_schema_extra={"effect": "output"})
     tie_embeddings: bool = Field(default=True, description="Tie the MLM output projection to the input embeddings.",
         json_schema_extra={"effect": "output"})
@@ -51,14 +51,38 @@ class ModelConfig(Section):
                               "from 1) is global, the others local (k > layers: every layer local).",
                               json_schema_extra={"effect": "output", "omit_default": True,
                                                  "used_when": {"attention": "local_global"}})
+    family: Literal["bert", "modernbert"] = Field(
+        default="bert", description="bert: the layout the fields above describe (post-LN learned or sinusoidal "
+        "positions export as BertForMaskedLM, post-LN rotary as RoFormerForMaskedLM). modernbert: ModernBERT's layer "
+        "(exports as ModernBertForMaskedLM): pre-LN, GeGLU FFN, no biases, no token types, rotary with base 160000 in "
+        "global and 10000 in local layers, layers 0, k, 2k, ... global (k = global_every) and sliding windows of "
+        "`window` in the others, ModernBERT's init; norm, position and attention default to pre, rotary and "
+        "local_global (post or non-rotary is an error); the named sizes use ffn = 1.5 x hidden (base = "
+        "ModernBERT-base: 22 layers, 768, 12 heads, 1152). ModernBERT's own checkpoints use dropout 0.0.",
+        json_schema_extra={"effect": "output", "omit_default": True})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _modernbert_defaults(cls, data):
+        # ModernBERT's layer is pre-LN, rotary and alternates local / global attention: family modernbert fills these
+        # in as values unless given, so the fingerprint and a dumped config carry what the model is
+        if isinstance(data, dict) and data.get("family") == "modernbert":
+            data = {"norm": "pre", "position": "rotary", "attention": "local_global"} | data
+        return data
 
     @model_validator(mode="after")
     def _heads(self) -> "ModelConfig":
         if self.hidden is not None and self.heads is not None and self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
-        if self.attention == "local_global" and (self.window % 2 or self.window > self.max_positions):
+        # ModernBERT keeps its window (128) whatever the context: a window wider than the sequence is then global
+        wide = self.window > self.max_positions and self.family != "modernbert"
+        if self.attention == "local_global" and (self.window % 2 or wide):
             raise ValueError(f"attention local_global: window ({self.window}) must be even and at most max_positions "
                              f"({self.max_positions}) (a wider window is global attention: set attention: global)")
+        if self.family == "modernbert" and (self.norm, self.position) != ("pre", "rotary"):
+            raise ValueError(f"family modernbert is pre-LN with rotary positions (ModernBERT's layer), but "
+                             f"pretrain.model.norm = {self.norm!r}, pretrain.model.position = {self.position!r}: remove "
+                             "them (family modernbert sets pre and rotary)")
         return self
 
 
@@ -148,7 +172,8 @@ class PretrainConfig(Section):
     masking: MaskingConfig = Field(default_factory=MaskingConfig, description="Corruption of the input.")
     init_from: str | None = Field(
         default=None, description="Continue pretraining an existing model instead of a fresh one: a local Hugging Face "
-        "folder (BertForMaskedLM, RobertaForMaskedLM, XLMRobertaForMaskedLM, ElectraForPreTraining + generator; "
+        "folder (BertForMaskedLM, RobertaForMaskedLM, XLMRobertaForMaskedLM, RoFormerForMaskedLM, "
+        "ModernBertForMaskedLM, ElectraForPreTraining + generator; "
         "safetensors only), a model folder this pipeline wrote, or models:/NAME@ALIAS / models:/NAME/VERSION. The "
         "architecture, special tokens and max positions come from it (a contradicting pretrain.model value is an "
         "error naming both); the export goes back to the same family. Its content hash enters the fingerprint.",
@@ -213,3 +238,11 @@ class PretrainConfig(Section):
     def _compile_yaml_bool(cls, v):
         # YAML 1.1 (PyYAML) reads a bare on/off as true/false
         return ("on" if v else "off") if isinstance(v, bool) else v
+
+    @model_validator(mode="after")
+    def _modernbert_is_an_mlm(self) -> "PretrainConfig":
+        # transformers has no ModernBERT ELECTRA pair: such a run could be neither exported nor read back
+        if self.objective == "electra" and self.model.family == "modernbert":
+            raise ValueError("pretrain.objective electra with pretrain.model.family modernbert: ModernBERT has no "
+                             "ELECTRA layout in transformers; use objective mlm, or family bert")
+        return self

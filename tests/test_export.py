@@ -1,5 +1,6 @@
 """Weights and the Hugging Face export: safetensors roundtrip, transformers loads the export and computes
-the same logits, fill-mask works, non-BERT variants refuse, and nothing is pickled."""
+the same logits (BERT, and RoFormer for rotary positions), fill-mask works, variants no transformers class
+computes (pre-LN, local/global attention outside family modernbert) refuse, and nothing is pickled."""
 from __future__ import annotations
 
 import json
@@ -60,7 +61,8 @@ def model_for(tok_file: Path, specials: dict, **kw) -> MLMEncoder:
 
 
 @pytest.mark.parametrize("style,position,tie", [("bert", "learned", True), ("bert", "sinusoidal", True),
-                                                ("roberta", "learned", False)])
+                                                ("roberta", "learned", False), ("bert", "rotary", True),
+                                                ("bert", "rotary", False)])
 def test_export_loads_in_transformers_with_equal_logits(tmp_path, style, position, tie):
     import transformers  # the test extra: missing must fail, not skip
     transformers.logging.set_verbosity_error()
@@ -73,7 +75,7 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path, style, positio
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is tie
 
     hf, info = transformers.AutoModelForMaskedLM.from_pretrained(out, output_loading_info=True)
-    assert type(hf).__name__ == "BertForMaskedLM"
+    assert type(hf).__name__ == ("RoFormerForMaskedLM" if position == "rotary" else "BertForMaskedLM")
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     tok = transformers.AutoTokenizer.from_pretrained(out)
     mask = specials["mask"]["token"]
@@ -93,7 +95,9 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path, style, positio
     assert len(preds) == 3 and all({"score", "token_str", "sequence"} <= set(p) for p in preds)
 
 
-@pytest.mark.parametrize("kw,why", [({"position": "rotary"}, "rotary"), ({"norm": "pre"}, "pre-LayerNorm")])
+@pytest.mark.parametrize("kw,why", [({"norm": "pre"}, "pre-LayerNorm"),
+                                    ({"position": "rotary", "norm": "pre"}, "pretrain.model.norm: pre"),
+                                    ({"attention": "local_global", "window": 8}, "local_global attention")])
 def test_non_bert_variants_refuse_to_export(tmp_path, kw, why):
     tok_file = tmp_path / "tokenizer.json"
     specials = wordpiece(tok_file)

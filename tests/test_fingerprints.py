@@ -166,7 +166,9 @@ BASE_WITH = {"tokenizer.extend": {"tokenizer.from": "tokenizer"},
              "pretrain.objective": {"debias.projection": None},
              # read only by local attention (used_when): with the default global attention they change nothing
              "pretrain.model.window": {"pretrain.model.attention": "local_global"},
-             "pretrain.model.global_every": {"pretrain.model.attention": "local_global"}}
+             "pretrain.model.global_every": {"pretrain.model.attention": "local_global"},
+             # ModernBERT is pre-LN and rotary: a dumped BERT config states post / learned, which family modernbert refuses
+             "pretrain.model.family": {"pretrain.model.norm": "pre", "pretrain.model.position": "rotary"}}
 
 
 @pytest.fixture(scope="module")

@@ -36,11 +36,14 @@ import torch.nn.functional as F
 MIN_BLOCK = 16
 
 
-def global_layers(layers: int, attention: str, global_every: int) -> list[bool]:
+def global_layers(layers: int, attention: str, global_every: int, from_first: bool = False) -> list[bool]:
     """Per layer (0-based), True where the layer attends globally: all of them for ``global``; for
-    ``local_global`` the k-th, 2k-th, ... layers counted from 1 (k = global_every)."""
+    ``local_global`` the k-th, 2k-th, ... layers counted from 1 (k = global_every), or with ``from_first``
+    layers 0, k, 2k, ... (ModernBERT: ``i % global_attn_every_n_layers == 0`` is ``full_attention``)."""
     if attention == "global":
         return [True] * layers
+    if from_first:
+        return [i % global_every == 0 for i in range(layers)]
     return [(i + 1) % global_every == 0 for i in range(layers)]
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlm_core.model.encoder import MLMEncoder, activation_fn
-from mlm_core.model.sizes import Arch
+from mlm_core.model.sizes import Arch, ArchError
 
 ELECTRA_MASK_PROB = 0.85     # reference implementation: 85% [MASK], 15% unchanged, 0% random
 
@@ -81,6 +81,10 @@ class ElectraModel(nn.Module):
 
     def __init__(self, disc_arch: Arch, gen_arch: Arch, special_ids: list[int] | None = None):
         super().__init__()
+        if disc_arch.modern or gen_arch.modern:
+            # transformers has no ModernBERT ELECTRA pair: the result could not be exported or read back
+            raise ArchError("objective electra with pretrain.model.family modernbert: ModernBERT has no ELECTRA "
+                            "layout in transformers; use objective mlm, or family bert")
         self.disc = Discriminator(disc_arch)
         self.gen = MLMEncoder(generator_arch(gen_arch, disc_arch))
         for name in ("tok_emb", "type_emb", "emb_norm") + (("pos_emb",) if disc_arch.position == "learned" else ()):

@@ -14,6 +14,14 @@ layer; ``mlm_core.model.attention``). Sinusoidal positions follow Vaswani et al.
 A checkpoint read by ``pretrained`` sets the rest of its family's arithmetic through the Arch: LayerNorm
 epsilon, FFN activation (transformers' hidden_act), the MLM head's activation (exact GELU for RoBERTa /
 XLM-R / ELECTRA's generator), RoBERTa's position offset and a token-type table with several rows.
+A rotary post-LN model is RoFormer's network (its export permutes q / k: ``positions``).
+
+``arch.modern`` (family modernbert) builds ModernBERT's layer (Warner et al., 2024; transformers'
+``ModernBertForMaskedLM``): no token-type table; LayerNorms and linear layers without bias (the decoder keeps its
+output bias); pre-LN with no LayerNorm before layer 0's attention; GeGLU FFN (``ffn_in`` projects to 2 x ffn,
+act(first half) * second half, dropout before ``ffn_out`` and none after it); rotary with one base in global
+and another in local layers, layer 0 global; a final LayerNorm; head = dense + GELU + LayerNorm; and its init
+(``_init_modern``).
 
 The head gathers the selected positions first: a full-vocabulary projection at every position costs
 more than the rest of the step when only ~15% of positions are predicted.
@@ -27,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mlm_core.model.attention import LocalMask, global_layers, local_attention
+from mlm_core.model.positions import apply_rotary, rotary_cos_sin, sinusoidal_table
 from mlm_core.model.sizes import Arch
 
 LN_EPS = 1e-12  # BERT's LayerNorm epsilon (Arch.ln_eps's default); the export writes arch.ln_eps
@@ -54,32 +63,6 @@ def activation_fn(name: str):
     return _ACTIVATIONS[name]
 
 
-def sinusoidal_table(n_positions: int, dim: int) -> torch.Tensor:
-    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d))."""
-    pos = torch.arange(n_positions, dtype=torch.float64)[:, None]
-    two_i = torch.arange(0, dim, 2, dtype=torch.float64)
-    angle = pos / torch.pow(10000.0, two_i / dim)
-    table = torch.zeros(n_positions, dim, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(angle)
-    table[:, 1::2] = torch.cos(angle[:, : dim // 2])  # odd dim: one fewer cosine column
-    return table.float()
-
-
-def rotary_cos_sin(n_positions: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [n_positions, head_dim] for RoPE, frequencies 10000^(-2i/d), halves duplicated (GPT-NeoX layout)."""
-    inv_freq = 1.0 / torch.pow(10000.0, torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    angle = torch.arange(n_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
-    angle = torch.cat([angle, angle], dim=-1)
-    return angle.cos().float(), angle.sin().float()
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each (x_i, x_{i+d/2}) pair of x [B, nh, T, d] by its position's angle."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
 def segment_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     """Boolean attention mask [B, 1, T, T] (True = may attend) from segment ids [B, T].
 
@@ -97,8 +80,9 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.heads, self.dropout = arch.heads, arch.dropout
         self.local = local      # sliding window (mlm_core.model.attention); ``mask`` is then a LocalMask
-        self.qkv = nn.Linear(arch.hidden, 3 * arch.hidden)  # q, k, v fused in one matmul; the export splits it
-        self.out = nn.Linear(arch.hidden, arch.hidden)
+        bias = not arch.modern
+        self.qkv = nn.Linear(arch.hidden, 3 * arch.hidden, bias=bias)  # q, k, v fused in one matmul (ModernBERT's Wqkv)
+        self.out = nn.Linear(arch.hidden, arch.hidden, bias=bias)
 
     def forward(self, x, mask, rotary):
         B, T, H = x.shape
@@ -117,24 +101,31 @@ class SelfAttention(nn.Module):
 class Block(nn.Module):
     """One transformer layer; ``norm`` decides where the LayerNorms sit (post = BERT, pre = stable deep training)."""
 
-    def __init__(self, arch: Arch, local: bool = False):
+    def __init__(self, arch: Arch, local: bool = False, first: bool = False):
         super().__init__()
         self.pre_norm = arch.norm == "pre"
+        self.glu = modern = arch.modern
+        bias = not modern
         self.attn = SelfAttention(arch, local)
-        self.attn_norm = nn.LayerNorm(arch.hidden, eps=arch.ln_eps)
-        self.ffn_in = nn.Linear(arch.hidden, arch.ffn)
-        self.ffn_out = nn.Linear(arch.ffn, arch.hidden)
-        self.ffn_norm = nn.LayerNorm(arch.hidden, eps=arch.ln_eps)
+        # ModernBERT's layer 0 reads the embedding LayerNorm's output directly (an Identity in transformers too)
+        self.attn_norm = nn.Identity() if modern and first else nn.LayerNorm(arch.hidden, eps=arch.ln_eps, bias=bias)
+        self.ffn_in = nn.Linear(arch.hidden, arch.ffn * (2 if modern else 1), bias=bias)   # GeGLU: input | gate
+        self.ffn_out = nn.Linear(arch.ffn, arch.hidden, bias=bias)
+        self.ffn_norm = nn.LayerNorm(arch.hidden, eps=arch.ln_eps, bias=bias)
         self.drop = nn.Dropout(arch.dropout)
         self.act = activation_fn(arch.activation)   # default exact (erf) GELU, as BERT's "gelu"
 
     def ffn(self, x):
+        if self.glu:    # ModernBertMLP: Wo(drop(act(input) * gate)); its output is not dropped again
+            a, gate = self.ffn_in(x).chunk(2, dim=-1)
+            return self.ffn_out(self.drop(self.act(a) * gate))
         return self.ffn_out(self.act(self.ffn_in(x)))
 
     def forward(self, x, mask, rotary):
         if self.pre_norm:
             x = x + self.drop(self.attn(self.attn_norm(x), mask, rotary))
-            return x + self.drop(self.ffn(self.ffn_norm(x)))
+            f = self.ffn(self.ffn_norm(x))
+            return x + (f if self.glu else self.drop(f))
         x = self.attn_norm(x + self.drop(self.attn(x, mask, rotary)))
         return self.ffn_norm(x + self.drop(self.ffn(x)))
 
@@ -148,35 +139,44 @@ class MLMEncoder(nn.Module):
         super().__init__()
         self._arch = arch
         H, E = arch.hidden, arch.emb_dim
+        bias = not arch.modern
         self.tok_emb = nn.Embedding(arch.vocab_size, E, padding_idx=arch.pad_id)
         # token-type table: one row here; an imported checkpoint keeps all its rows (the export writes them back)
-        # but the input is always type 0, as transformers' default token_type_ids
-        self.type_emb = nn.Embedding(arch.type_vocab_size, E)
+        # but the input is always type 0, as transformers' default token_type_ids. ModernBERT has none.
+        if not arch.modern:
+            self.type_emb = nn.Embedding(arch.type_vocab_size, E)
         if arch.position == "learned":
             # RoBERTa / XLM-R: position ids start at padding_idx + 1 (position_offset); the rows below stay unused
             self.pos_emb = nn.Embedding(arch.max_positions + arch.position_offset, E)
         elif arch.position == "sinusoidal":  # fixed: a buffer, not saved (rebuilt from the formula)
             self.register_buffer("pos_table", sinusoidal_table(arch.max_positions, E), persistent=False)
-        else:  # rotary: no table added to the input; q/k are rotated in every layer
-            cos, sin = rotary_cos_sin(arch.max_positions, arch.head_dim)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
-        self.emb_norm = nn.LayerNorm(E, eps=arch.ln_eps)
+        else:  # rotary: no table added to the input; q/k are rotated in every layer (local layers: their base)
+            thetas = {"": arch.rope_theta} | ({"_local": arch.local_rope_theta}
+                                              if arch.local_rope_theta != arch.rope_theta else {})
+            for suffix, theta in thetas.items():
+                cos, sin = rotary_cos_sin(arch.max_positions, arch.head_dim, theta, float32=arch.modern)
+                self.register_buffer("rope_cos" + suffix, cos, persistent=False)
+                self.register_buffer("rope_sin" + suffix, sin, persistent=False)
+        self.emb_norm = nn.LayerNorm(E, eps=arch.ln_eps, bias=bias)
         if E != H:
             self.emb_proj = nn.Linear(E, H)   # transformers' embeddings_project
         self.drop = nn.Dropout(arch.dropout)
-        self._global = global_layers(arch.layers, arch.attention, arch.global_every)   # per layer: global or local
-        self.blocks = nn.ModuleList([Block(arch, local=not g) for g in self._global])
-        self.final_norm = nn.LayerNorm(H, eps=arch.ln_eps) if arch.norm == "pre" else nn.Identity()
+        # per layer: global or local (ModernBERT counts from layer 0: 0, k, 2k, ... are global)
+        self._global = global_layers(arch.layers, arch.attention, arch.global_every, from_first=arch.modern)
+        self.blocks = nn.ModuleList([Block(arch, local=not g, first=i == 0) for i, g in enumerate(self._global)])
+        self.final_norm = nn.LayerNorm(H, eps=arch.ln_eps, bias=bias) if arch.norm == "pre" else nn.Identity()
         self.has_mlm_head = mlm_head
         if mlm_head:
             # MLM head: transform (dense + GELU + LayerNorm), then the vocabulary projection + bias
-            self.head_dense = nn.Linear(H, E)
-            self.head_norm = nn.LayerNorm(E, eps=arch.ln_eps)
+            self.head_dense = nn.Linear(H, E, bias=bias)
+            self.head_norm = nn.LayerNorm(E, eps=arch.ln_eps, bias=bias)
             self.head_act = activation_fn(arch.head_activation)
             self.decoder = nn.Linear(E, arch.vocab_size, bias=False)
             self.head_bias = nn.Parameter(torch.zeros(arch.vocab_size))
-        self.apply(self._init)
+        if arch.modern:
+            self._init_modern()
+        else:
+            self.apply(self._init)
         if mlm_head and arch.tie_embeddings:
             self.decoder.weight = self.tok_emb.weight  # one tensor; safetensors helpers handle the sharing
 
@@ -194,6 +194,31 @@ class MLMEncoder(nn.Module):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
 
+    def _init_modern(self) -> None:
+        """ModernBERT's init (transformers' ``ModernBertPreTrainedModel._init_weights``): truncated normal at
+        +-2 std (initializer_cutoff_factor 2, initializer_range 0.02): std 0.02 for the embeddings, Wqkv and Wi;
+        0.02 / sqrt(2 x layers) for the layers' output projections (Wo), the head's dense and an untied decoder;
+        LayerNorms 1; the decoder's bias 0. The pad row is drawn like the others (ModernBERT does not zero it; the
+        embedding's padding_idx still keeps its gradient at zero). A tied decoder is the embedding (0.02), as in
+        transformers, where the embedding's init is the one that stays."""
+        std, out = 0.02, 0.02 / math.sqrt(2.0 * self.arch.layers)
+
+        def trunc(w: torch.Tensor, s: float) -> None:
+            nn.init.trunc_normal_(w, mean=0.0, std=s, a=-2.0 * s, b=2.0 * s)
+        trunc(self.tok_emb.weight, std)
+        for b in self.blocks:
+            trunc(b.attn.qkv.weight, std)
+            trunc(b.attn.out.weight, out)
+            trunc(b.ffn_in.weight, std)
+            trunc(b.ffn_out.weight, out)
+        if self.has_mlm_head:
+            trunc(self.head_dense.weight, out)
+            if not self.arch.tie_embeddings:
+                trunc(self.decoder.weight, out)
+        for m in self.modules():
+            if isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+
     @property
     def arch(self) -> Arch:
         return self._arch
@@ -207,8 +232,10 @@ class MLMEncoder(nn.Module):
         B, T = input_ids.shape
         if T > self.arch.max_positions:
             raise ValueError(f"sequence length {T} exceeds max_positions {self.arch.max_positions}")
-        x = self.tok_emb(input_ids) + self.type_emb.weight[0]
-        rotary = None
+        x = self.tok_emb(input_ids)
+        if not self.arch.modern:
+            x = x + self.type_emb.weight[0]
+        rotary = rotary_local = None
         if self.arch.position == "learned":
             # positions 0..T-1 in every row, as BERT; RoBERTa's offset..offset+T-1 (transformers counts only
             # non-pad tokens: the same at every non-pad position of a right-padded row, which is all we feed)
@@ -218,6 +245,8 @@ class MLMEncoder(nn.Module):
             x = x + self.pos_table[:T]
         else:
             rotary = (self.rope_cos[:T], self.rope_sin[:T])
+            rotary_local = (self.rope_cos_local[:T], self.rope_sin_local[:T]) if hasattr(self, "rope_cos_local") \
+                else rotary
         x = self.drop(self.emb_norm(x))
         if hasattr(self, "emb_proj"):
             x = self.emb_proj(x)
@@ -226,7 +255,7 @@ class MLMEncoder(nn.Module):
         local = LocalMask(T, self.arch.window, segment_ids, x.device) if not all(self._global) else None
         kept = None
         for i, (block, is_global) in enumerate(zip(self.blocks, self._global)):
-            x = block(x, mask if is_global else local, rotary)
+            x = block(x, mask if is_global else local, rotary if is_global else rotary_local)
             if i == return_layer:
                 kept = x
         x = self.final_norm(x)
@@ -279,7 +308,7 @@ class MLMEncoder(nn.Module):
         token-type tables and an untied decoder (Kaplan et al., 2020's N)."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied tensor once
         if non_embedding:
-            n -= self.tok_emb.weight.numel() + self.type_emb.weight.numel()
+            n -= self.tok_emb.weight.numel() + (0 if self.arch.modern else self.type_emb.weight.numel())
             if self.arch.position == "learned":
                 n -= self.pos_emb.weight.numel()
             if self.has_mlm_head and not self.arch.tie_embeddings:
@@ -295,7 +324,7 @@ class MLMEncoder(nn.Module):
         projection) counted only on the ``mask_rate`` share of tokens that are predicted.
         """
         a = self.arch
-        per_layer = 4 * a.hidden * a.hidden + 2 * a.hidden * a.ffn  # q, k, v, out + FFN in/out
+        per_layer = 4 * a.hidden * a.hidden + (3 if a.modern else 2) * a.hidden * a.ffn  # q, k, v, out + FFN (GeGLU: 3)
         span = sum(seq_len if g else min(seq_len, a.window + 1) for g in self._global)    # keys per query, summed
         body = 6 * a.layers * per_layer + 12 * a.hidden * span + 6 * a.emb_dim * a.hidden * (
             a.emb_dim != a.hidden)

@@ -2,15 +2,17 @@
 
 In: an ``MLMEncoder`` (+ the tokenizer.json and its special tokens). Out: a ``.safetensors`` file, or a
 folder that ``transformers.AutoModelForMaskedLM`` / ``AutoTokenizer.from_pretrained`` load as the model's
-family (``arch.family``: ``BertForMaskedLM`` for this pipeline's own models, ``RobertaForMaskedLM`` /
+family (``hf_layout.export_family``: ``BertForMaskedLM`` for this pipeline's own models, ``RoFormerForMaskedLM``
+for its rotary post-LN ones, ``ModernBertForMaskedLM`` for family modernbert, ``RobertaForMaskedLM`` /
 ``XLMRobertaForMaskedLM`` for a model continued from one of those) + ``PreTrainedTokenizerFast``
 (config.json, model.safetensors, tokenizer.json, tokenizer_config.json, special_tokens_map.json).
 
 Never pickle: no ``torch.save`` / ``torch.load``; a weight file is data, not code. The export does not
 need transformers at run time: the files are written by hand in the layout transformers 5.24 reads
-(names and config keys in ``hf_layout``, shared with the import; the tests load the result).
-Only the post-LN, learned-or-sinusoidal-position, global-attention layout exports: anything else would load into
-``BertForMaskedLM`` without error and compute something different.
+(names and config keys in ``hf_layout`` / ``hf_modernbert``, shared with the import; the tests load the result).
+Only layouts a transformers class computes exactly export: post-LN global attention (BERT with learned or
+sinusoidal positions, RoFormer with rotary ones) and ModernBERT; anything else (pre-LN or local/global attention
+outside family modernbert) would load without error and compute something different, so it is refused.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from safetensors.torch import load_model, save_file
 from mlm_core.errors import MlmError
 from mlm_core.model.encoder import MLMEncoder
 from mlm_core.model.hf_layout import encoder_from_hf, encoder_to_hf, hf_config, mlm_from_hf, mlm_to_hf  # noqa: F401
+from mlm_core.model.hf_modernbert import modernbert_config, modernbert_to_hf
 from mlm_core.model.sizes import Arch
 from mlm_core.tensorfile import save_module
 
@@ -62,16 +65,22 @@ def read_arch(path: Path) -> Arch:
 
 # ---- Hugging Face layout ----------------------------------------------------------------------------
 def check_exportable(arch: Arch) -> None:
-    """ExportError unless the architecture is exactly BERT's."""
+    """ExportError unless a transformers class computes exactly this architecture (see the module docstring)."""
+    if arch.modern:
+        return                  # ModernBertForMaskedLM: the Arch holds nothing ModernBERT cannot express
     why = []
-    if arch.position == "rotary":
-        why.append("rotary position encoding")
     if arch.norm == "pre":
-        why.append("pre-LayerNorm")
+        why.append("pre-LayerNorm (pretrain.model.norm: pre; BERT and RoFormer are post-LN: use norm: post, or "
+                   "family: modernbert for a pre-LN model that exports)"
+                   + (" with rotary position encoding" if arch.position == "rotary" else ""))
     if arch.attention != "global":
         # ModernBERT alternates the same way, but its layers are not BERT's (pre-LN, GeGLU, rotary, no biases)
         why.append(f"{arch.attention} attention, window {arch.window}, global_every {arch.global_every}: "
-                   "sliding-window layers where BERT attends globally in every layer")
+                   "sliding-window layers where BERT / RoFormer attend globally in every layer (pretrain.model."
+                   "attention; family: modernbert alternates and exports)")
+    if arch.position == "rotary" and arch.family not in ("bert", "roformer"):
+        why.append(f"rotary position encoding in a {arch.family} model (transformers' {arch.family} has absolute "
+                   "positions; RoFormer is the rotary BERT)")
     if why:
         raise ExportError(f"this model ({' / '.join(why)}) has no matching transformers architecture: refusing to "
                           "export something that would load wrong; the model is saved as safetensors only")
@@ -109,28 +118,33 @@ def write_tokenizer_files(out_dir: Path, tokenizer_file: Path, special_tokens: d
 
 
 def export_hf(model: MLMEncoder, out_dir: Path, tokenizer_file: Path, special_tokens: dict[str, dict]) -> Path:
-    """Write a transformers-loadable folder of the model's family (``arch.family``: BertForMaskedLM,
-    RobertaForMaskedLM, XLMRobertaForMaskedLM; an ELECTRA-family generator alone as ElectraForMaskedLM;
-    a generator + discriminator pair: ``export_electra``); returns ``out_dir``.
+    """Write a transformers-loadable folder of the model's family (``export_family``: BertForMaskedLM,
+    RoFormerForMaskedLM, ModernBertForMaskedLM, RobertaForMaskedLM, XLMRobertaForMaskedLM; an ELECTRA-family
+    generator alone as ElectraForMaskedLM; a generator + discriminator pair: ``export_electra``); returns ``out_dir``.
 
     special_tokens: {"pad"|"unk"|"cls"|"sep"|"mask": {"token": str, "id": int}}.
     """
     arch = model.arch
     check_exportable(arch)
-    if not getattr(model, "has_mlm_head", True) or (arch.emb_dim != arch.hidden and arch.family != "electra"):
+    # RoFormer has ELECTRA's embedding_size / embeddings_project too; BERT does not
+    narrow_ok = arch.family == "electra" or (arch.position == "rotary" and not arch.modern)
+    if not getattr(model, "has_mlm_head", True) or (arch.emb_dim != arch.hidden and not narrow_ok):
         raise ExportError("an ELECTRA generator or discriminator exports with mlm_core.model.export_electra "
                           "(ElectraForMaskedLM / ElectraForPreTraining), not as BertForMaskedLM")
     if special_tokens.get("pad", {}).get("id", arch.pad_id) != arch.pad_id:
         raise ExportError(f"pad token id {special_tokens['pad']['id']} differs from the model's pad_id {arch.pad_id}")
+    ids = {k: v["id"] for k, v in special_tokens.items() if isinstance(v, dict) and "id" in v}
     if arch.family == "electra":
         from mlm_core.model.export_electra import electra_config
-        cfg = electra_config(arch, "generator")
+        cfg, tensors = electra_config(arch, "generator"), mlm_to_hf(model)
+    elif arch.modern:
+        cfg, tensors = modernbert_config(arch, ids), modernbert_to_hf(model)
     else:
-        cfg = hf_config(arch, {k: v["id"] for k, v in special_tokens.items() if isinstance(v, dict) and "id" in v})
+        cfg, tensors = hf_config(arch, ids), mlm_to_hf(model)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-    save_file(mlm_to_hf(model), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     write_tokenizer_files(out_dir, Path(tokenizer_file), special_tokens, arch.max_positions)
     return out_dir
 

@@ -63,6 +63,9 @@ def export_electra(gen: MLMEncoder, disc, out_dir: Path, tokenizer_file: Path,
     (ElectraForPreTraining); returns both folders. ExportError for a non-BERT layout (rotary, pre-LN)."""
     for a in (gen.arch, disc.arch):
         check_exportable(a)
+        if a.position == "rotary":      # RoFormer's rotary layers exist, but transformers has no RoFormer ELECTRA
+            raise ExportError("rotary position encoding in an ELECTRA pair: transformers' ELECTRA has absolute "
+                              "positions only; the model is saved as safetensors only")
         if special_tokens.get("pad", {}).get("id", a.pad_id) != a.pad_id:
             raise ExportError(f"pad token id {special_tokens['pad']['id']} differs from the model's pad_id {a.pad_id}")
     out_dir = Path(out_dir)

@@ -12,6 +12,13 @@ and config keys are those of transformers 5.24 (checked by the tests against ``X
   xlm-roberta  XLMRobertaForMaskedLM   roberta.     as roberta
   electra      ElectraForMaskedLM      electra.     generator_predictions.{dense,LayerNorm}, generator_lm_head
                (generator)                          (exact GELU); ElectraForPreTraining: discriminator_predictions.*
+  roformer     RoFormerForMaskedLM     roformer.    as bert (head activation = hidden_act); no position table: the
+                                                    rotary sin | cos table is ``encoder.embed_positions.weight``
+                                                    (written from our formula, checked on import), and q / k rows
+                                                    are permuted (``positions.roformer_permutation``)
+
+A post-LN rotary model of this pipeline (family bert) exports as roformer (``export_family``); ModernBERT's
+names share nothing with these and live in ``hf_modernbert``.
 
 The decoder: tied (tie_word_embeddings) = the word embeddings, and transformers also ties BERT's / RoBERTa's
 ``decoder.bias`` to the head's ``bias``; untied, it reads ``decoder.weight`` and ``decoder.bias`` from the
@@ -48,7 +55,11 @@ LAYOUTS: dict[str, Layout] = {
                           "lm_head.bias", "lm_head.decoder", True, 1),
     "electra": Layout("ElectraForMaskedLM", "electra", "electra.", "generator_predictions.dense",
                       "generator_predictions.LayerNorm", "generator_lm_head.bias", "generator_lm_head", False, 0),
+    "roformer": Layout("RoFormerForMaskedLM", "roformer", "roformer.", "cls.predictions.transform.dense",
+                       "cls.predictions.transform.LayerNorm", "cls.predictions.bias", "cls.predictions.decoder", True,
+                       0),
 }
+ROFORMER_TABLE = "encoder.embed_positions.weight"       # below the prefix
 # RoBERTa-style position ids (padding_idx + 1 onwards)
 OFFSET_FAMILIES = ("roberta", "xlm-roberta")
 # ElectraForPreTraining's replaced-token head: ours -> transformers'
@@ -70,12 +81,38 @@ def family_of_architecture(name: str) -> str | None:
     return next((f for f, lay in LAYOUTS.items() if lay.architecture == name), None)
 
 
+def export_family(arch: Arch) -> str:
+    """The transformers family a model exports as: its own, but a rotary BERT is RoFormer's network."""
+    return "roformer" if arch.family == "bert" and arch.position == "rotary" else arch.family
+
+
+def roformer_table(arch: Arch) -> torch.Tensor:
+    """RoFormer's ``embed_positions`` [max_positions, head_dim]: sin of every pair's angle, then cos (its
+    ``RoFormerSinusoidalPositionalEmbedding.create_weight``), from our rotary formula (same angles)."""
+    from mlm_core.model.positions import rotary_cos_sin
+    cos, sin = rotary_cos_sin(arch.max_positions, arch.head_dim, arch.rope_theta)
+    half = arch.head_dim // 2
+    return torch.cat([sin[:, :half], cos[:, :half]], dim=-1)
+
+
+def _qk_rows(arch: Arch, inverse: bool = False) -> torch.Tensor:
+    """Rows of the fused qkv that give RoFormer's q, k, v (``inverse``: ours from RoFormer's); v is not rotated
+    (rotary_value false) and keeps its order."""
+    from mlm_core.model.positions import roformer_permutation
+    perm = roformer_permutation(arch.heads, arch.head_dim)
+    if inverse:
+        perm = torch.argsort(perm)
+    H = arch.hidden
+    return torch.cat([perm, perm + H, torch.arange(2 * H, 3 * H)])
+
+
 # ---- config.json ---------------------------------------------------------------------------------------
 def hf_config(arch: Arch, special_ids: dict[str, int] | None = None) -> dict:
     """config.json of the family's MLM class (``arch.family``). The BERT config is key for key what the
     export wrote before other families existed (same bytes for the same model).
     ``special_ids`` ({"cls": id, "sep": id}): RoBERTa's bos / eos ids."""
-    lay = LAYOUTS[arch.family]
+    family = export_family(arch)
+    lay = LAYOUTS[family]
     cfg = {
         "architectures": [lay.architecture],
         "model_type": lay.model_type,
@@ -98,6 +135,8 @@ def hf_config(arch: Arch, special_ids: dict[str, int] | None = None) -> dict:
     }
     if arch.family in OFFSET_FAMILIES and special_ids:
         cfg |= {"bos_token_id": special_ids["cls"], "eos_token_id": special_ids["sep"]}
+    if family == "roformer":        # RoFormerConfig's own keys; the rotary base is its fixed 10000
+        cfg |= {"embedding_size": arch.emb_dim, "rotary_value": False}
     return cfg
 
 
@@ -109,10 +148,14 @@ def arch_from_hf_config(cfg: dict, family: str, dropout: float | None = None) ->
     offset = pad + 1 if family in OFFSET_FAMILIES else 0
     H = int(cfg["hidden_size"])
     E = int(cfg.get("embedding_size", 128)) if family == "electra" else H
+    if family == "roformer":        # RoFormerConfig: embedding_size None = hidden, 1536 positions by default
+        E = int(cfg.get("embedding_size") or H)
+    rotary = family == "roformer"
     return Arch(layers=int(cfg["num_hidden_layers"]), hidden=H, heads=int(cfg["num_attention_heads"]),
                 ffn=int(cfg["intermediate_size"]),
                 dropout=float(cfg.get("hidden_dropout_prob", 0.1)) if dropout is None else dropout,
-                max_positions=int(cfg.get("max_position_embeddings", 512)) - offset, position="learned", norm="post",
+                max_positions=int(cfg.get("max_position_embeddings", 1536 if rotary else 512)) - offset,
+                position="rotary" if rotary else "learned", norm="post",
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", True)), vocab_size=int(cfg["vocab_size"]),
                 pad_id=pad, embedding_size=E if E != H else None, ln_eps=float(cfg.get("layer_norm_eps", 1e-12)),
                 activation=str(cfg.get("hidden_act", "gelu")), position_offset=offset,
@@ -122,11 +165,18 @@ def arch_from_hf_config(cfg: dict, family: str, dropout: float | None = None) ->
 # ---- state dicts -----------------------------------------------------------------------------------------
 def encoder_to_hf(model, prefix: str) -> dict[str, torch.Tensor]:
     """The encoder body (embeddings [+ projection] + layers) under transformers' names below ``prefix``
-    ("bert." / "roberta." / "electra."): fused qkv split, a sinusoidal table written as a learned one."""
+    ("bert." / "roberta." / "electra." / "roformer."): fused qkv split, a sinusoidal table written as a learned one;
+    rotary: RoFormer's sin | cos table and q / k rows in its pair order."""
     arch, sd = model.arch, model.state_dict()
     out = {prefix + theirs: sd[ours] for ours, theirs in _EMB}
-    out[prefix + "embeddings.position_embeddings.weight"] = (model.pos_table if arch.position == "sinusoidal"
-                                                             else sd["pos_emb.weight"])
+    if arch.position == "rotary":
+        out[prefix + ROFORMER_TABLE] = roformer_table(arch)
+        rows = _qk_rows(arch)
+        sd = sd | {f"blocks.{i}.attn.qkv.{kind}": sd[f"blocks.{i}.attn.qkv.{kind}"][rows]
+                   for i in range(arch.layers) for kind in ("weight", "bias")}
+    else:
+        out[prefix + "embeddings.position_embeddings.weight"] = (model.pos_table if arch.position == "sinusoidal"
+                                                                 else sd["pos_emb.weight"])
     if "emb_proj.weight" in sd:
         out |= {prefix + "embeddings_project.weight": sd["emb_proj.weight"],
                 prefix + "embeddings_project.bias": sd["emb_proj.bias"]}
@@ -141,9 +191,14 @@ def encoder_to_hf(model, prefix: str) -> dict[str, torch.Tensor]:
 
 
 def encoder_from_hf(arch: Arch, hf: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """The inverse of ``encoder_to_hf`` (learned positions). KeyError names a missing tensor."""
+    """The inverse of ``encoder_to_hf`` (learned positions, or RoFormer's rotary: its table is read and left to
+    the caller to check). KeyError names a missing tensor."""
     sd = {ours: hf[prefix + theirs] for ours, theirs in _EMB}
-    sd["pos_emb.weight"] = hf[prefix + "embeddings.position_embeddings.weight"]
+    rotary = arch.position == "rotary"
+    if rotary:
+        _ = hf[prefix + ROFORMER_TABLE]     # read (marked used); pretrained checks it against the formula
+    else:
+        sd["pos_emb.weight"] = hf[prefix + "embeddings.position_embeddings.weight"]
     if prefix + "embeddings_project.weight" in hf:
         sd |= {"emb_proj.weight": hf[prefix + "embeddings_project.weight"],
                "emb_proj.bias": hf[prefix + "embeddings_project.bias"]}
@@ -154,6 +209,8 @@ def encoder_from_hf(arch: Arch, hf: dict[str, torch.Tensor], prefix: str) -> dic
                                                        for n in ("query", "key", "value")])
             for mine, theirs in _LAYER:
                 sd[ours + f"{mine}.{kind}"] = hf[p + f"{theirs}.{kind}"]
+            if rotary:
+                sd[ours + f"attn.qkv.{kind}"] = sd[ours + f"attn.qkv.{kind}"][_qk_rows(arch, inverse=True)]
     return sd
 
 
@@ -164,7 +221,7 @@ def _cpu_copies(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def mlm_to_hf(model, family: str | None = None) -> dict[str, torch.Tensor]:
     """An MLMEncoder's weights under its family's (or ``family``'s) MLM class names (float32 CPU copies)."""
     arch, sd = model.arch, model.state_dict()
-    lay = LAYOUTS[family or arch.family]
+    lay = LAYOUTS[family or export_family(arch)]
     out = encoder_to_hf(model, lay.prefix) | {
         lay.dense + ".weight": sd["head_dense.weight"], lay.dense + ".bias": sd["head_dense.bias"],
         lay.norm + ".weight": sd["head_norm.weight"], lay.norm + ".bias": sd["head_norm.bias"],
@@ -201,6 +258,7 @@ def disc_from_hf(arch: Arch, hf: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return encoder_from_hf(arch, hf, "electra.") | {ours: hf[theirs] for ours, theirs in DISC_HEAD.items()}
 
 
-__all__ = ["LAYOUTS", "Layout", "OFFSET_FAMILIES", "DISC_HEAD", "family_of_architecture", "hf_config",
+__all__ = ["LAYOUTS", "Layout", "OFFSET_FAMILIES", "DISC_HEAD", "ROFORMER_TABLE", "family_of_architecture",
+           "export_family", "roformer_table", "hf_config",
            "arch_from_hf_config", "encoder_to_hf", "encoder_from_hf", "mlm_to_hf", "mlm_from_hf", "disc_to_hf",
            "disc_from_hf"]

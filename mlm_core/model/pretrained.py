@@ -8,7 +8,8 @@ make the network, ``check_model_config`` refuses ``pretrain.model`` fields that 
 
 Accepted folders
   * transformers, safetensors only (``model.safetensors`` or a sharded ``model.safetensors.index.json``):
-    BertForMaskedLM, RobertaForMaskedLM, XLMRobertaForMaskedLM, and ELECTRA (below). A pickle
+    BertForMaskedLM, RobertaForMaskedLM, XLMRobertaForMaskedLM, RoFormerForMaskedLM, ModernBertForMaskedLM
+    and ELECTRA (below). A pickle
     (``pytorch_model.bin``) is refused without being opened; so is any other architecture.
   * this pipeline's pretrain output: ``model_config.json`` + ``model.safetensors`` (Arch in its metadata)
     [+ ``discriminator.safetensors`` for ELECTRA], or its ``hf/`` export (what a registered model downloads as).
@@ -34,7 +35,10 @@ Equivalence notes (transformers 5.24): every LayerNorm uses ``layer_norm_eps``; 
 ``lm_head`` and ELECTRA's generator (``Arch.head_activation``); the token-type table keeps all its rows
 (the export writes them back) and the forward adds row 0, as transformers does with default
 ``token_type_ids``; RoBERTa's position ids start at padding_idx + 1 (transformers numbers non-pad tokens,
-which equals ours at every position of a right-padded row).
+which equals ours at every position of a right-padded row). RoFormer: q / k rows are permuted into our rotary
+layout (``hf_layout``); its stored ``embed_positions`` table must equal the formula (it is what transformers
+computes with) and ``rotary_value`` must be false. ModernBERT: ``hf_modernbert`` (biases, RoPE scaling or a
+layer pattern it cannot compute are refused, naming the config key).
 """
 from __future__ import annotations
 
@@ -46,14 +50,18 @@ from pathlib import Path
 import torch
 
 from mlm_core.model.export import ExportError
-from mlm_core.model.hf_layout import LAYOUTS, arch_from_hf_config, disc_from_hf, family_of_architecture, mlm_from_hf
+from mlm_core.model.hf_layout import (LAYOUTS, ROFORMER_TABLE, arch_from_hf_config, disc_from_hf,
+                                      family_of_architecture, mlm_from_hf, roformer_table)
+from mlm_core.model.hf_modernbert import (ARCHITECTURE as MODERNBERT, ModernBertConfigError,
+                                          arch_from_modernbert_config, modernbert_from_hf)
 from mlm_core.model.pretrained_files import (ROLES, PretrainedError, read_hf_tensors, read_special_tokens,
                                              refuse_missing_weights)
 from mlm_core.model.sizes import Arch, ArchError
 
 FIELD = "pretrain.init_from"
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM",
-                                            "ElectraForPreTraining", "ElectraForMaskedLM")
+                                            "RoFormerForMaskedLM", "ModernBertForMaskedLM", "ElectraForPreTraining",
+                                            "ElectraForMaskedLM")
 # tensors a checkpoint may carry that the MLM does not use (BERT's pooler / NSP head, old position-id buffers)
 _IGNORED = (".pooler.", "cls.seq_relationship.", "embeddings.position_ids", "embeddings.token_type_ids")
 # pretrain.model fields check_model_config compares, and the Arch attribute each one is
@@ -62,11 +70,13 @@ _MODEL_FIELDS = {"layers": "layers", "hidden": "hidden", "heads": "heads", "ffn"
                  "tie_embeddings": "tie_embeddings",
                  # a checkpoint is global (transformers has no local/global BERT): no silent switch to local layers
                  "attention": "attention"}
+# ModernBERT's name for its family (model_type) when a config has no "architectures"
+_MODEL_TYPES = {"modernbert": MODERNBERT}
 
 
 @dataclass
 class Pretrained:
-    family: str                                # bert | roberta | xlm-roberta | electra
+    family: str                                # bert | roberta | xlm-roberta | electra | roformer | modernbert
     arch: Arch                                 # the MLM network (ELECTRA: the generator)
     disc_arch: Arch | None                     # ELECTRA: the discriminator
     state: dict[str, torch.Tensor]             # MLMEncoder state_dict names
@@ -116,11 +126,14 @@ def _read_config(folder: Path, field: str) -> dict:
 def _architecture(cfg: dict, path: Path, field: str) -> str:
     archs = cfg.get("architectures") or []
     # an old config without "architectures": its model_type names the family (not ELECTRA's: two classes)
-    name = archs[0] if archs else {f: lay.architecture for f, lay in LAYOUTS.items()
-                                   if f != "electra"}.get(cfg.get("model_type"))
+    name = archs[0] if archs else ({f: lay.architecture for f, lay in LAYOUTS.items() if f != "electra"}
+                                   | _MODEL_TYPES).get(cfg.get("model_type"))
     if name not in SUPPORTED_ARCHITECTURES:
         raise PretrainedError(f"{field}: {path} declares architecture {name or cfg.get('model_type')!r}, which is not "
                               f"supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    if cfg.get("rotary_value"):
+        raise PretrainedError(f"{field}: {path}: rotary_value true (values rotated too) is not supported: this "
+                              "encoder rotates queries and keys only, as RoFormer's default")
     if cfg.get("position_embedding_type", "absolute") != "absolute" or cfg.get("is_decoder") \
             or cfg.get("add_cross_attention"):
         raise PretrainedError(f"{field}: {path}: only encoders with absolute position embeddings are supported "
@@ -134,28 +147,46 @@ def _load_hf(folder: Path, field: str, dropout: float | None = None):
     cfg_path = folder / "config.json"
     cfg = _read_config(folder, field)
     name = _architecture(cfg, cfg_path, field)
-    family = "electra" if name.startswith("Electra") else family_of_architecture(name)
+    modern = name == MODERNBERT
+    family = "electra" if name.startswith("Electra") else "modernbert" if modern else family_of_architecture(name)
     try:
-        arch = arch_from_hf_config(cfg, family, dropout)
+        arch = arch_from_modernbert_config(cfg, dropout) if modern else arch_from_hf_config(cfg, family, dropout)
     except KeyError as e:
         raise PretrainedError(f"{field}: {cfg_path} lacks {e}") from None
-    except (ArchError, ValueError, TypeError) as e:
+    except (ArchError, ModernBertConfigError, ValueError, TypeError) as e:
         raise PretrainedError(f"{field}: {cfg_path}: {e}") from None
     hf, where = read_hf_tensors(folder, field)
     hf = _normalize(hf)
     try:
-        sd = disc_from_hf(arch, hf) if name == "ElectraForPreTraining" else mlm_from_hf(arch, hf)
+        sd = (disc_from_hf(arch, hf) if name == "ElectraForPreTraining" else
+              modernbert_from_hf(arch, hf) if modern else mlm_from_hf(arch, hf))
     except KeyError as e:
         raise PretrainedError(f"{field}: {where} lacks tensor {e} that {name} has (not a {name} checkpoint?)") from None
-    lay = LAYOUTS[family]
+    if family == "roformer":
+        _check_roformer_table(arch, hf, where, field)
     # tied: transformers ignores a stored decoder (it ties it); untied: it ignores the head's own bias
-    unused = (lay.decoder + ".weight", lay.decoder + ".bias") if arch.tie_embeddings else (lay.bias,)
+    if modern:
+        unused = ("decoder.weight",) if arch.tie_embeddings else ()
+    else:
+        lay = LAYOUTS[family]
+        unused = (lay.decoder + ".weight", lay.decoder + ".bias") if arch.tie_embeddings else (lay.bias,)
     left = sorted(k for k in set(hf) - hf.used if not any(p in k for p in _IGNORED) and k not in unused)
     if left:
         raise PretrainedError(f"{field}: {where} holds tensors a {name} does not have: {left[:6]}"
                               f"{' ...' if len(left) > 6 else ''} (another architecture saved under this config?)")
     _check_shapes(name, arch, sd, where, field)
     return name, arch, sd, cfg_path
+
+
+def _check_roformer_table(arch: Arch, hf: dict, where, field: str) -> None:
+    """RoFormer computes with the sinusoidal table stored in the checkpoint; ours comes from the formula, so the
+    two must agree (a table edited or trained would compute something else)."""
+    stored = hf["roformer." + ROFORMER_TABLE]
+    want = roformer_table(arch)
+    if stored.shape != want.shape or not torch.allclose(stored, want, atol=1e-5):
+        raise PretrainedError(f"{field}: {where}: roformer.{ROFORMER_TABLE} {tuple(stored.shape)} is not RoFormer's "
+                              f"sinusoidal table {tuple(want.shape)} (max_position_embeddings x head size): a "
+                              "changed table would give other logits than this encoder's rotary formula")
 
 
 def _module(name: str, arch: Arch):
@@ -311,9 +342,13 @@ def check_model_config(p: Pretrained, model_cfg, field: str = FIELD) -> None:
         if key in explicit and getattr(model_cfg, key) is not None and getattr(model_cfg, key) != getattr(arch, attr):
             bad.append(f"pretrain.model.{key} = {getattr(model_cfg, key)!r} but the checkpoint has "
                        f"{getattr(arch, attr)!r}")
+    family = getattr(model_cfg, "family", "bert")
+    # the config's family is bert (any BERT-layout checkpoint) or modernbert: only that distinction can contradict
+    if "family" in explicit and (family == "modernbert") != arch.modern:
+        bad.append(f"pretrain.model.family = {family!r} but the checkpoint is {arch.family!r}")
     if "size" in explicit:
-        from mlm_core.model.sizes import SIZES
-        named = SIZES[model_cfg.size]
+        from mlm_core.model.sizes import MODERNBERT_SIZES, SIZES
+        named = (MODERNBERT_SIZES if family == "modernbert" else SIZES)[model_cfg.size]
         diff = {k: (v, getattr(arch, k)) for k, v in named.items() if k not in explicit and getattr(arch, k) != v}
         if diff:
             bad.append(f"pretrain.model.size = {model_cfg.size!r} means "

@@ -6,6 +6,9 @@ weights, so a model can be rebuilt without the pipeline config).
 
 Reference shapes: BERT (Devlin et al., 2019): base = 12 layers, hidden 768, 12 heads, FFN 3072.
 ELECTRA (Clark et al., 2020) shrinks the generator's width by a factor (``scale``).
+ModernBERT (Warner et al., 2024; ``family: modernbert``): base = 22 layers, hidden 768, 12 heads, GeGLU inner
+width 1152 (1.5 x hidden; Wi projects to twice that), the smaller names keep BERT's depth and width with that
+ratio.
 """
 from __future__ import annotations
 
@@ -22,15 +25,27 @@ SIZES: dict[str, dict] = {
     # base: BERT-base (~85M non-embedding params, ~110M with a 30k vocabulary); wants a GPU
     "base": {"layers": 12, "hidden": 768, "heads": 12, "ffn": 3072},
 }
+# family modernbert: the GeGLU inner width is 1.5 x hidden (ModernBERT-base: 768 -> 1152), which keeps the FFN's
+# parameter count near BERT's 4 x hidden MLP (3 matrices of 1.5 H^2 vs 2 of 4 H^2)
+MODERNBERT_SIZES: dict[str, dict] = {
+    "tiny": {"layers": 2, "hidden": 128, "heads": 2, "ffn": 192},
+    "small": {"layers": 4, "hidden": 256, "heads": 4, "ffn": 384},
+    "base": {"layers": 22, "hidden": 768, "heads": 12, "ffn": 1152},     # ModernBERT-base
+}
+MODERNBERT_FFN_RATIO = 1.5
+# ModernBERT's rotary bases (transformers' ModernBertConfig.default_theta): global layers 160k, local ones 10k
+MODERNBERT_THETA = {"global": 160_000.0, "local": 10_000.0}
 
 
 # transformers' hidden_act names the encoder implements (mlm_core.model.encoder.activation_fn)
 ACTIVATIONS = ("gelu", "gelu_python", "gelu_new", "gelu_pytorch_tanh", "gelu_python_tanh", "gelu_fast",
                "gelu_accurate", "quick_gelu", "gelu_10", "relu", "relu6", "silu", "swish", "tanh", "mish", "sigmoid")
-FAMILIES = ("bert", "roberta", "xlm-roberta", "electra")
+# roformer: a rotary post-LN BERT (RoFormerForMaskedLM); modernbert: ModernBertForMaskedLM (pre-LN, GeGLU, no
+# biases, no token types, alternating local/global attention with its two rotary bases)
+FAMILIES = ("bert", "roberta", "xlm-roberta", "electra", "roformer", "modernbert")
 # fields that ``to_dict`` leaves out at their default (added after models were stored without them)
 _OPTIONAL = ("embedding_size", "ln_eps", "activation", "position_offset", "type_vocab_size", "family", "attention",
-             "window", "global_every")
+             "window", "global_every", "rope_theta", "local_rope_theta")
 ATTENTIONS = ("global", "local_global")
 
 
@@ -67,7 +82,10 @@ class Arch:
     # local/global attention (mlm_core.model.attention); window / global_every stay at their defaults for global
     attention: str = "global"      # global (BERT) | local_global: sliding windows but in every global_every-th layer
     window: int = 128              # local layers: a query sees keys with |i - j| <= window / 2
-    global_every: int = 3          # layers k, 2k, ... (counted from 1) stay global
+    global_every: int = 3          # layers k, 2k, ... (counted from 1) stay global; modernbert: layers 0, k, 2k, ...
+    # rotary bases: every layer's (BERT rotary, RoFormer); modernbert: the global layers' and the local layers'
+    rope_theta: float = 10_000.0
+    local_rope_theta: float = 10_000.0
 
     def __post_init__(self) -> None:
         if self.hidden % self.heads:
@@ -98,6 +116,16 @@ class Arch:
             raise ArchError(f"window ({self.window}) must be even and >= 2, global_every ({self.global_every}) >= 1")
         if not 0 <= self.pad_id < self.vocab_size:
             raise ArchError(f"pad_id {self.pad_id} is outside the vocabulary (size {self.vocab_size})")
+        if not (self.rope_theta > 0 and self.local_rope_theta > 0):
+            raise ArchError(f"rope_theta ({self.rope_theta}) and local_rope_theta ({self.local_rope_theta}) must be > 0")
+        # the families whose layout is fixed by transformers' class: anything else would not be that class
+        if self.family == "roformer" and (self.position, self.norm, self.attention) != ("rotary", "post", "global"):
+            raise ArchError(f"a roformer model is rotary, post-LN and global (got position {self.position}, norm "
+                            f"{self.norm}, attention {self.attention})")
+        if self.family == "modernbert" and (self.position, self.norm, self.emb_dim, self.position_offset) != (
+                "rotary", "pre", self.hidden, 0):
+            raise ArchError(f"a modernbert model is rotary and pre-LN with embeddings as wide as hidden (got position "
+                            f"{self.position}, norm {self.norm}, embedding_size {self.embedding_size})")
 
     @property
     def head_dim(self) -> int:
@@ -110,9 +138,16 @@ class Arch:
 
     @property
     def head_activation(self) -> str:
-        """The MLM head's activation, as transformers 5.24 computes it: BERT's head uses hidden_act; RoBERTa's
-        and XLM-R's ``lm_head`` and ELECTRA's generator head always use exact (erf) GELU."""
-        return self.activation if self.family == "bert" else "gelu"
+        """The MLM head's activation, as transformers 5.24 computes it: BERT's and RoFormer's head use hidden_act;
+        RoBERTa's and XLM-R's ``lm_head`` and ELECTRA's generator head always use exact (erf) GELU; ModernBERT's
+        head uses classifier_activation (gelu: the import refuses another)."""
+        return self.activation if self.family in ("bert", "roformer") else "gelu"
+
+    @property
+    def modern(self) -> bool:
+        """ModernBERT's layer: GeGLU FFN, no biases (LayerNorm included), no token-type table, no LayerNorm
+        before the first layer's attention (the embedding norm precedes it), layer 0 global."""
+        return self.family == "modernbert"
 
     def to_dict(self) -> dict:
         """Plain dict; a field added after the first stored models only when it differs from its default, so
@@ -145,17 +180,22 @@ def resolve_arch(cfg: ModelConfig, vocab_size: int, pad_id: int, scale: float = 
     """
     if not 0 < scale <= 1:
         raise ArchError(f"scale must be in (0, 1], got {scale}")
-    base = SIZES[cfg.size]
+    modern = getattr(cfg, "family", "bert") == "modernbert"
+    base = (MODERNBERT_SIZES if modern else SIZES)[cfg.size]
     hidden = cfg.hidden if cfg.hidden is not None else base["hidden"]
     heads = cfg.heads if cfg.heads is not None else base["heads"]
-    # an explicit hidden without an explicit ffn gets the BERT ratio (4 x hidden), not the size's ffn
-    ffn = cfg.ffn if cfg.ffn is not None else (4 * hidden if cfg.hidden is not None else base["ffn"])
+    # an explicit hidden without an explicit ffn gets the family's ratio (BERT 4 x hidden), not the size's ffn
+    ratio = MODERNBERT_FFN_RATIO if modern else 4
+    ffn = cfg.ffn if cfg.ffn is not None else (int(round(ratio * hidden)) if cfg.hidden is not None else base["ffn"])
     if scale != 1.0:
         hidden = _round_to(hidden * scale, heads * (2 if cfg.position == "rotary" else 1))
         ffn = max(8, int(round(ffn * scale)))
     # window / global_every only for local_global: a global model's Arch (and stored JSON) stays BERT's
     local = {"attention": cfg.attention, "window": cfg.window, "global_every": cfg.global_every} \
         if cfg.attention == "local_global" else {}
+    if modern:      # ModernBERT's fixed arithmetic (transformers' ModernBertConfig defaults)
+        local |= {"family": "modernbert", "ln_eps": 1e-5, "rope_theta": MODERNBERT_THETA["global"],
+                  "local_rope_theta": MODERNBERT_THETA["local"]}
     return Arch(layers=cfg.layers if cfg.layers is not None else base["layers"], hidden=hidden, heads=heads, ffn=ffn,
                 dropout=cfg.dropout, max_positions=cfg.max_positions, position=cfg.position, norm=cfg.norm,
                 tie_embeddings=cfg.tie_embeddings, vocab_size=vocab_size, pad_id=pad_id, **local)
