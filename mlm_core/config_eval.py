@@ -39,6 +39,11 @@ class FinetuneConfig(Section):
         "k-fold cross-validation on the source training file (fold i tests, fold i+1 is early stopping's held-out fold, "
         "the rest train); reports mean ± std of accuracy and macro-F1 over the folds.", json_schema_extra={"effect": "output"})
     cv_folds: int = Field(default=5, ge=3, description="k of the cross-validation.", json_schema_extra={"effect": "output"})
+    threads: int = Field(default=1, ge=1, description="Torch intra-op CPU threads while fine-tuning and predicting "
+        "(the caller's count is restored after). CPU matrix products sum in a thread-dependent order, so the "
+        "fine-tuned weights, hence the scores and predictions, are byte-identical across processes only for the "
+        "same count: it is part of the output. 1 = the same bytes on any machine with the same CPU kernels; more = "
+        "faster on a many-core machine.", json_schema_extra={"effect": "output", "omit_default": True})
 
 
 class TransferTask(Section):
@@ -74,6 +79,12 @@ class EvaluateConfig(Section):
     retrieval_layer: int = Field(default=-1, description="Hidden layer mean-pooled for retrieval (-1 = last).",
         json_schema_extra={"effect": "output"})
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="Fine-tuning options.")
+    untrained_control: bool = Field(default=True, description="Every transfer task (upos, classification) also "
+        "fine-tunes the untrained encoder (the same architecture initialised with the run's training seed, as "
+        "pretraining starts at step 0; no pretraining), the same way, and reports per target untrained_score and "
+        "gain_over_untrained = score − untrained_score with a 95% paired bootstrap interval over target sentences "
+        "(gate: registry.gates.min_transfer_gain_over_untrained). Doubles the fine-tuning time.",
+        json_schema_extra={"effect": "output", "omit_default": True})
     efficiency: bool = Field(default=False, description="Measure parameters, latency at batch 1 (p50/p95), throughput at "
         "batch 32 and peak memory at seq_len 128 and 512 of the model, on the device named in the report (and the model "
         "card; the efficiency gates need it). Off by default: timings differ from run to run and machine to machine, so "

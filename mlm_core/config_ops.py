@@ -32,6 +32,13 @@ class GatesConfig(Section):
         json_schema_extra={"effect": "output"})
     max_transfer_gap: float | None = Field(default=None, ge=0, description="Maximum zero-shot transfer gap (source − target score).",
         json_schema_extra={"effect": "output"})
+    min_transfer_gain_over_untrained: float | None = Field(
+        default=None, ge=-1, lt=1, description="Per transfer task and target language, the lower end of the 95% "
+        "bootstrap interval of gain_over_untrained (score − the untrained-encoder control's score, paired over "
+        "target sentences) must be strictly above this value (0 = pretraining helps beyond the sampling noise of "
+        "the target sentences). The lower end, not the mean: a mean gain inside the noise does not pass. Needs "
+        "evaluate.untrained_control; a target without the control fails.",
+        json_schema_extra={"effect": "output", "omit_default": True})
     min_rtd_acc_over_baseline: float | None = Field(
         default=None, ge=-1, le=1, description="ELECTRA: minimum margin of the discriminator's replaced-token "
         "detection accuracy over predicting 'original' everywhere, in every language (fraction of tokens). "

@@ -9,7 +9,7 @@ missing; nothing is read as zero):
     {"intrinsic": {lang: {"top1", "baseline_top1", "top1_over_baseline_ci_low", "ece", "rtd_acc"?,
                           "rtd_baseline_acc"?, "rtd_auc"?,
                           "missing"?: bool | reason}},
-     "transfer": {task: {"source_score", "targets": {lang: {"score", "missing"?}}}},
+     "transfer": {task: {"source_score", "targets": {lang: {"score", "gain_over_untrained_ci_low"?, "missing"?}}}},
      "efficiency": {"device", "parameters", "latency_ms": {"p95"}, "throughput": {"sequences_per_s"},
                     "peak_memory_mb": {seq_len: MB}}}
 Audit shape: {"crows": {lang: {"metric_score"}}}.
@@ -164,6 +164,37 @@ def _transfer_gate(evaluation: dict, threshold: float) -> list:
     return [_check(name, gap, threshold, False, f"worst gap {task}/{lang} (source - target)")]
 
 
+def _gain_gates(evaluation: dict, threshold: float) -> list:
+    """min_transfer_gain_over_untrained: per task and target, the lower end of the gain interval > threshold."""
+    gate = "min_transfer_gain_over_untrained"
+    tr = evaluation.get("transfer") if isinstance(evaluation, dict) else None
+    tasks = {k: v for k, v in (tr or {}).items() if k != "retrieval"} if isinstance(tr, dict) else {}
+    if not tasks:
+        return [GateResult(gate, False, None, threshold, "no zero-shot transfer evaluation in the report")]
+    out = []
+    for task in sorted(tasks):
+        targets = tasks[task].get("targets") if isinstance(tasks[task], dict) else None
+        if not isinstance(targets, dict) or not targets:
+            out.append(GateResult(f"{gate}/{task}", False, None, threshold, f"{task}: no targets"))
+            continue
+        for lang in sorted(targets):
+            t = targets[lang] if isinstance(targets[lang], dict) else {}
+            name, where = f"{gate}/{task}/{lang}", f"{task}/{lang}"
+            low = _num(t.get("gain_over_untrained_ci_low"))
+            if t.get("missing") or _num(t.get("score")) is None:
+                why = NO_DATA if t.get("missing") else "no score"
+                out.append(GateResult(name, False, None, threshold, f"{where}: {why}"))
+            elif low is None:
+                out.append(GateResult(name, False, None, threshold, f"{where}: no untrained-encoder control "
+                                      "(gain_over_untrained_ci_low; evaluate.untrained_control is off?)"))
+            else:
+                ok = low > threshold
+                out.append(GateResult(name, ok, round(low, 6), threshold,
+                                      f"{where}: lower end of the 95% interval of score - untrained_score "
+                                      f"{low:.4f} {'>' if ok else '<='} {threshold:g}"))
+    return out
+
+
 def _largest_memory(eff: dict) -> float | None:
     mem = eff.get("peak_memory_mb") if isinstance(eff.get("peak_memory_mb"), dict) else {}
     known = [(int(k), _num(v)) for k, v in mem.items() if _num(v) is not None]
@@ -203,7 +234,8 @@ def evaluate_gates(gates, evaluation: dict, audit: dict) -> list[GateResult]:
     discriminator): one result per evaluated language; a language marked
     ``missing`` fails with "no held-out data". max_crows_deviation: one per audited language,
     |metric score − 50|. max_transfer_gap: one result, the largest source − target score over tasks and
-    target languages. max_p95_latency_ms, min_throughput, max_peak_memory_mb, max_parameters: one result each,
+    target languages. min_transfer_gain_over_untrained (strict): one result per transfer task and target, the
+    lower end of the 95% interval of score − untrained_score must exceed the threshold. max_p95_latency_ms, min_throughput, max_peak_memory_mb, max_parameters: one result each,
     from evaluate's "efficiency" report (the detail names the device). A gate whose input is absent fails with
     a detail naming what is absent.
     """
@@ -230,6 +262,8 @@ def evaluate_gates(gates, evaluation: dict, audit: dict) -> list[GateResult]:
         out += _crows_gates(audit, gates.max_crows_deviation)
     if gates.max_transfer_gap is not None:
         out += _transfer_gate(evaluation, gates.max_transfer_gap)
+    if getattr(gates, "min_transfer_gain_over_untrained", None) is not None:
+        out += _gain_gates(evaluation, gates.min_transfer_gain_over_untrained)
     out += _efficiency_gates(gates, evaluation)
     return out
 

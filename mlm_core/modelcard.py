@@ -112,17 +112,33 @@ def _evaluation_section(ev: dict) -> list[str]:
         margin = t - b if isinstance(t, (int, float)) and isinstance(b, (int, float)) else None
         rows.append([lang, t, b, margin, r.get("ece"), _fmt(_first(r, "perplexity", "pseudo_perplexity", "pppl"), 2)])
     out += _table(["lang", "top-1", "unigram baseline top-1", "margin", "ECE", "(pseudo-)perplexity"], rows)
-    out += ["", "### Zero-shot cross-lingual transfer (fine-tuned on the source language only)", ""]
+    out += ["", "### Zero-shot cross-lingual transfer (fine-tuned on the source language only)", "",
+            "Untrained encoder: the same architecture at the run's seed, no pretraining, fine-tuned the same way "
+            "(evaluate.untrained_control); the gain's 95% interval is a paired bootstrap over target sentences.", ""]
     rows = []
     for task, r in sorted((_get(ev, "transfer") or {}).items()):
         src, src_lang = _get(r, "source_score"), _first(r, "source_lang")
-        rows.append([task, f"{src_lang} (source)" if src_lang else "source", src, DASH])
+        if src is None and not _get(r, "targets"):        # retrieval: no source / target protocol
+            continue
+        src_gain = _get(r, "source_gain_over_untrained") or {}
+        rows.append([task, f"{src_lang} (source)" if src_lang else "source", src, DASH,
+                     _get(r, "untrained", "source_score"), _gain_cell(src_gain)])
         for lang, t in sorted((_get(r, "targets") or {}).items()):
             score = _get(t, "score")
             gap = transfer_gap(src, score) if isinstance(src, (int, float)) and isinstance(score, (int, float)) else None
-            rows.append([task, lang, score, gap])
-    out += _table(["task", "language", "score", "gap (source − target)"], rows)
+            rows.append([task, lang, score, gap, _get(t, "untrained_score"), _gain_cell(t)])
+    out += _table(["task", "language", "score", "gap (source − target)", "untrained encoder",
+                   "gain over untrained [95% CI]"], rows)
     return out + [""] + _efficiency_section(_get(ev, "efficiency") or {})
+
+
+def _gain_cell(t) -> str:
+    """``+0.0412 [+0.0301, +0.0525]`` from a target's gain_over_untrained and its interval (— when absent)."""
+    g, lo, hi = (_get(t, k) for k in ("gain_over_untrained", "gain_over_untrained_ci_low", "gain_over_untrained_ci_high"))
+    if not isinstance(g, (int, float)):
+        return DASH
+    ci = f" [{lo:+.4f}, {hi:+.4f}]" if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) else ""
+    return f"{g:+.4f}{ci}"
 
 
 def _efficiency_section(eff: dict) -> list[str]:

@@ -243,6 +243,8 @@ def _run_register(lc, upstream, out_dir):
 # 3 (issues 10, 13, 15): normalize doc ids by file and row, documents rebatched per file (partitions);
 # shards format v3 (word starts in the ids' spare bit or bit-packed, segment ids rebuilt from [SEP]) merged from
 # language x document-run partitions; evaluate: efficiency, per-class F1, macro-F1, CV; register: efficiency gates.
+# 4 (issue 20): evaluate: the untrained-encoder control and the gain over it, predictions.parquet, the fine-tune on
+# finetune.threads torch threads (byte-reproducible across processes), finetuned_sha256.
 STAGES: dict[str, StageSpec] = {
     "normalize": StageSpec("normalize", (), code_version="3", reads=("sources", "normalize"), run=_run_normalize,
                            inputs=_normalize_inputs, derived=_normalize_scripts, partitioned=True,
@@ -257,7 +259,7 @@ STAGES: dict[str, StageSpec] = {
     "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), code_version="2",
                           reads=("pretrain", "seed"), run=_run_pretrain, inputs=_pretrain_inputs,
                           summary="train the encoder (MLM or ELECTRA), checkpoint, export"),
-    "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), code_version="3",
+    "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), code_version="4",
                           reads=("evaluate", "seed", "debias"), run=_run_evaluate, inputs=_evaluate_inputs,
                           summary="per-language metrics and zero-shot transfer"),
     "audit": StageSpec("audit", ("pretrain",), code_version="2", reads=("audit", "debias"), run=_run_audit,

@@ -185,9 +185,39 @@ def _evaluate_tables(out_dir: Path, options: dict) -> dict:
     rows = [{"parameters": eff.get("parameters"), "latency_p50_ms": (eff.get("latency_ms") or {}).get("p50"),
              "latency_p95_ms": (eff.get("latency_ms") or {}).get("p95"),
              "throughput_seq_s": (eff.get("throughput") or {}).get("sequences_per_s")}] if eff else []
+    transfer = pq.read_table(out_dir / "transfer.parquet").to_pandas()
     return {"intrinsic": intr[~intr["missing"]].reset_index(drop=True), "languages": intr[["lang"]],
-            "transfer": pq.read_table(out_dir / "transfer.parquet").to_pandas(),
+            "transfer": transfer, "prediction_scores": _prediction_scores(out_dir, transfer),
             "efficiency": pd.DataFrame(rows, columns=cols).astype("float64")}
+
+
+def _prediction_scores(out_dir: Path, transfer):
+    """One row per UPOS target of transfer.parquet: its accuracy (and the untrained control's) recomputed from
+    predictions.parquet (null predictions wrong), minus the reported one, and the word count minus the reported n.
+    A target without predictions has 0 words (fails n_diff); no upos task: no rows."""
+    import duckdb
+    import pandas as pd
+    cols = ["task", "lang", "words", "n_diff", "score_diff", "untrained_diff"]
+    upos = transfer[transfer["task"] == "upos"] if "task" in transfer else transfer.iloc[0:0]
+    f = out_dir / "predictions.parquet"
+    if upos.empty:
+        return pd.DataFrame({c: pd.Series(dtype="object" if c in ("task", "lang") else "float64") for c in cols})
+    got = pd.DataFrame(columns=["task", "lang", "words", "acc", "untrained_acc"])
+    if f.exists():
+        with duckdb.connect() as con:
+            got = con.execute(
+                "SELECT task, lang, count(*)::DOUBLE AS words, "
+                "avg(CASE WHEN predicted = gold THEN 1.0 ELSE 0.0 END) AS acc, "
+                "CASE WHEN count(untrained_predicted) > 0 THEN "
+                "avg(CASE WHEN untrained_predicted = gold THEN 1.0 ELSE 0.0 END) END AS untrained_acc "
+                "FROM read_parquet($f) GROUP BY task, lang", {"f": str(f)}).df()
+    m = upos.merge(got, on=["task", "lang"], how="left")
+    m["words"] = m["words"].fillna(0.0)
+    untrained = m["untrained_score"] if "untrained_score" in m else pd.Series(float("nan"), index=m.index)
+    return pd.DataFrame({"task": m["task"], "lang": m["lang"], "words": m["words"].astype("float64"),
+                         "n_diff": (m["words"] - m["n"]).astype("float64"),
+                         "score_diff": (m["acc"] - m["score"]).abs().astype("float64"),
+                         "untrained_diff": (m["untrained_acc"].astype("float64") - untrained).abs().astype("float64")})
 
 
 @register_tables("audit")

@@ -134,3 +134,43 @@ def test_demo_declares_the_interval_gate():
     from conftest import REPO
     gates = load_config(REPO / "configs" / "demo.yaml").config.registry.gates
     assert gates.top1_over_baseline_ci_above == 0.0
+
+
+def test_transfer_gain_gate_reads_the_lower_end_of_the_interval_per_task_and_target():
+    """min_transfer_gain_over_untrained: per task and target, the lower end of the 95% interval of score −
+    untrained_score must be strictly above the threshold; a target without the control or without data fails,
+    naming what is absent; not declared, not listed."""
+    def tgt(score, untrained, low, high):
+        return {"score": score, "untrained_score": untrained, "gain_over_untrained": round(score - untrained, 5),
+                "gain_over_untrained_ci_low": low, "gain_over_untrained_ci_high": high}
+    ev = {"transfer": {
+        "upos": {"source_score": 0.8, "targets": {
+            "fr": tgt(0.70, 0.60, 0.06, 0.14),      # mean +0.10, interval clear of 0
+            "de": tgt(0.62, 0.60, -0.02, 0.06),     # mean +0.02 > 0, but the interval reaches below 0
+            "ar": tgt(0.65, 0.60, 0.0, 0.1),        # lower end exactly 0: not strictly above
+            "hi": {"missing": True},
+            "zh": {"score": 0.4}}},                 # no control (evaluate.untrained_control off)
+        "classification": {"source_score": 0.75, "targets": {"fr": tgt(0.72, 0.66, 0.03, 0.09)}},
+        "retrieval": {"pivot": "en", "pairs": {}}}}
+    gate = "min_transfer_gain_over_untrained"
+    r = by_name(evaluate_gates(GatesConfig(min_top1_over_baseline=None, min_transfer_gain_over_untrained=0.0), ev, {}))
+    assert sorted(r) == [f"{gate}/classification/fr", f"{gate}/upos/ar", f"{gate}/upos/de", f"{gate}/upos/fr",
+                         f"{gate}/upos/hi", f"{gate}/upos/zh"]             # retrieval fine-tunes nothing: no gate
+    assert r[f"{gate}/upos/fr"].passed and r[f"{gate}/upos/fr"].value == 0.06 and "> 0" in r[f"{gate}/upos/fr"].detail
+    assert not r[f"{gate}/upos/de"].passed and r[f"{gate}/upos/de"].value == -0.02
+    assert not r[f"{gate}/upos/ar"].passed and "<= 0" in r[f"{gate}/upos/ar"].detail
+    assert not r[f"{gate}/upos/hi"].passed and r[f"{gate}/upos/hi"].detail == "upos/hi: no held-out data"
+    zh = r[f"{gate}/upos/zh"]
+    assert not zh.passed and zh.value is None and "no untrained-encoder control" in zh.detail and "upos/zh" in zh.detail
+    assert r[f"{gate}/classification/fr"].passed
+    # a higher threshold: +0.06 still clears 0.05, +0.03 does not
+    r = by_name(evaluate_gates(GatesConfig(min_top1_over_baseline=None, min_transfer_gain_over_untrained=0.05), ev, {}))
+    assert r[f"{gate}/upos/fr"].passed and not r[f"{gate}/classification/fr"].passed
+    # absent inputs fail closed
+    for bad in ({}, {"transfer": {}}, {"transfer": {"retrieval": {"pairs": {}}}}):
+        (only,) = evaluate_gates(GatesConfig(min_top1_over_baseline=None, min_transfer_gain_over_untrained=0.0), bad, {})
+        assert not only.passed and only.value is None and only.detail == "no zero-shot transfer evaluation in the report"
+    (empty,) = evaluate_gates(GatesConfig(min_top1_over_baseline=None, min_transfer_gain_over_untrained=0.0),
+                              {"transfer": {"upos": {"source_score": 0.8, "targets": {}}}}, {})
+    assert not empty.passed and empty.detail == "upos: no targets"
+    assert not any(g.name.startswith(gate) for g in evaluate_gates(GatesConfig(), ev, {}))     # not declared

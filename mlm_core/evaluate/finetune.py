@@ -13,11 +13,18 @@ In: a pretrained encoder (deep-copied, the caller's model is never touched), enc
 - L2-SP (Li et al., 2018): loss + λ·Σ‖θ − θ₀‖² over the trainable pretrained weights (not the head,
   which has no θ₀); AdamW's decay toward zero is then switched off.
 - Early stopping on the source validation split with ``patience`` epochs; the best epoch's weights are
-  restored. Deterministic for a given seed (head init, dropout, shuffling).
+  restored. Deterministic for a given seed (head init, dropout, shuffling: each from the seed, inside an RNG fork).
+- Byte-reproducible across processes: the one state that leaked in was torch's intra-op thread count (CPU
+  matrix products and their gradients sum in a thread-dependent order, so the pipeline, which had run other
+  torch work under another count, and a fresh process fine-tuned to different weights from the same seed).
+  ``intra_op_threads`` pins it (``finetune.threads``) around the fine-tune and the predictions and restores
+  the caller's; ``weights_digest`` (sha256 of the fine-tuned weights) lets a report show it.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import hashlib
 import logging
 import math
 from dataclasses import dataclass, field
@@ -217,6 +224,30 @@ def l2sp_penalty(model: TaskModel, theta0: dict[str, torch.Tensor]) -> torch.Ten
     return total
 
 
+# ---- reproducibility -------------------------------------------------------------------------------
+@contextlib.contextmanager
+def intra_op_threads(n: int):
+    """Run the block with ``n`` torch intra-op threads; the caller's count is restored after."""
+    before = torch.get_num_threads()
+    if before != n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def weights_digest(model: nn.Module) -> str:
+    """sha256 (first 16 hex digits) of the model's state dict: names, dtypes, shapes and bytes, in name order."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
 # ---- the loop --------------------------------------------------------------------------------------
 @dataclass
 class FitResult:
@@ -291,5 +322,5 @@ def _fit(model: TaskModel, train: list[Example], validate, cfg: FinetuneConfig, 
 
 
 __all__ = ["Adapter", "AdaptedBlock", "Example", "FitResult", "IGNORE", "TaskModel", "add_adapters", "anchors",
-           "attention_segments", "batches", "build_task_model", "collate", "fit", "l2sp_penalty", "layer_of", "mean_pool", "param_groups",
-           "task_loss"]
+           "attention_segments", "batches", "build_task_model", "collate", "fit", "intra_op_threads", "l2sp_penalty",
+           "layer_of", "mean_pool", "param_groups", "task_loss", "weights_digest"]

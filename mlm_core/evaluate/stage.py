@@ -3,13 +3,17 @@
 In: the pretrain output (model folder), the shards (held-out split) and normalize (held-out texts for
 pseudo-perplexity) outputs, and the ``evaluate`` config section. Out: ``evaluation.json`` (everything),
 ``intrinsic.parquet`` (one row per language, next to the unigram baseline), ``transfer.parquet`` (one
-row per task and target language), ``reliability.png``. The same code runs on any model folder
+row per task and target language, with the untrained-encoder control and the gain over it),
+``predictions.parquet`` (UPOS: one row per target word, the tagger's and the control's tag;
+``mlm_core.evaluate.predictions``), ``reliability.png``. The same code runs on any model folder
 (``mlm evaluate MODEL``) through ``evaluate_model``.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from mlm_core.evaluate.control import CONTROL_KEYS
 
 INTRINSIC_KEYS = ("n_positions", "n_documents", "top1", "top1_ci_low", "top1_ci_high", "top5", "mrr", "loss",
                   "perplexity", "ece", "baseline_top1", "baseline_top5", "baseline_mrr",
@@ -36,7 +40,12 @@ def evaluate_model(model_dir: Path, shards_dir: Path, normalize_dir: Path | None
     if cfg.upos or cfg.classification or cfg.retrieval:
         # fine-tuning is training: the run's training seed (pretrain.seed, else the global seed), so a sweep
         # seed varies it too; the intrinsic masks keep the global seed (the same positions for every run)
-        result["transfer"] = run_transfer(model_dir, cfg, lc.base_dir, lc.config.train_seed, model_hook=hook)
+        rows: list = []
+        result["transfer"] = run_transfer(model_dir, cfg, lc.base_dir, lc.config.train_seed, model_hook=hook,
+                                          predictions=rows)
+        if out_dir is not None and cfg.upos is not None:
+            from mlm_core.evaluate.predictions import FILE, write
+            write(rows, out_dir / FILE)
     else:
         result["transfer"] = {}
     if cfg.efficiency:          # parameters, latency, throughput, peak memory (efficiency.py)
@@ -81,7 +90,8 @@ def transfer_rows(result: dict) -> list[dict]:
             rows.append({"task": task, "lang": lang, "score": r.get("score"),
                          "source_score": t.get("source_score", r.get("source_score")),
                          "gap": r.get("gap"), "majority_baseline": r.get("majority_baseline"),
-                         "macro_f1": r.get("macro_f1")})
+                         "macro_f1": r.get("macro_f1"), "n": r.get("n"),
+                         **{k: r.get(k) for k in CONTROL_KEYS}})
     return rows
 
 
@@ -94,7 +104,7 @@ def flat_metrics(result: dict) -> dict[str, float]:
             if isinstance(row.get(k), (int, float)):
                 out[f"{row['lang']}.{k}"] = float(row[k])
     for row in transfer_rows(result):
-        for k in ("score", "gap", "macro_f1"):
+        for k in ("score", "gap", "macro_f1", *CONTROL_KEYS):
             if isinstance(row.get(k), (int, float)):
                 out[f"{row['task']}.{row['lang']}.{k}"] = float(row[k])
     for task, t in sorted(result.get("transfer", {}).items()):       # cross-validation: mean and std over folds
@@ -107,6 +117,18 @@ def flat_metrics(result: dict) -> dict[str, float]:
     return out
 
 
+def write_transfer_table(result: dict, path: Path) -> Path:
+    """transfer.parquet: ``transfer_rows`` with fixed column types (a column no row fills is still typed)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    schema = pa.schema([("task", pa.string()), ("lang", pa.string()), ("score", pa.float64()),
+                        ("source_score", pa.float64()), ("gap", pa.float64()), ("majority_baseline", pa.float64()),
+                        ("macro_f1", pa.float64()), ("n", pa.int64()),
+                        *((k, pa.float64()) for k in CONTROL_KEYS)])
+    pq.write_table(pa.Table.from_pylist(transfer_rows(result), schema=schema), path)
+    return Path(path)
+
+
 def run_evaluate(lc, upstream: dict, out_dir: Path) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -115,10 +137,7 @@ def run_evaluate(lc, upstream: dict, out_dir: Path) -> dict:
     (out_dir / "evaluation.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
     intrinsic = intrinsic_rows(result)
     pq.write_table(pa.Table.from_pylist(intrinsic), out_dir / "intrinsic.parquet")
-    schema = pa.schema([("task", pa.string()), ("lang", pa.string()), ("score", pa.float64()),
-                        ("source_score", pa.float64()), ("gap", pa.float64()), ("majority_baseline", pa.float64()),
-                        ("macro_f1", pa.float64())])
-    pq.write_table(pa.Table.from_pylist(transfer_rows(result), schema=schema), out_dir / "transfer.parquet")
+    write_transfer_table(result, out_dir / "transfer.parquet")
     missing = [r["lang"] for r in intrinsic if r["missing"]]
     return {"mlm_model": result.get("mlm_model", "model"),
             "languages": {r["lang"]: {k: v for k, v in r.items() if k != "lang"} for r in intrinsic},

@@ -26,6 +26,13 @@ relative to ``base_dir`` (the config file's folder), a seed. Out: ``run_transfer
   stopping (``source_score_on: held-out``; it then also scores a source target that named ``train``).
 - Validation split (early stopping): the ``dev`` file, else a seeded 10% of ``train``; every split capped at
   ``finetune.max_train_examples``, like the training set.
+- Untrained-encoder control (``evaluate.untrained_control``, module ``control``): each task is fine-tuned a second
+  time, the same way, on the encoder as pretraining initialised it (the run's training seed, no pretraining);
+  per target ``untrained_score`` and ``gain_over_untrained`` with its paired-bootstrap 95% interval over target
+  sentences; the task's ``untrained`` record (source score, validation, epochs) and ``source_gain_over_untrained``.
+- ``finetuned_sha256`` (task and control): the fine-tuned weights' digest, equal across processes for the same
+  model, seed and config (``finetune.threads`` pins the one state that leaked: ``finetune`` module doc).
+- UPOS per-word predictions of every reported split (``predictions``: predictions.parquet, with the control's).
 - Retrieval: mean-pooled (non-pad) states of ``retrieval_layer`` (0 = embeddings, k = after block k,
   -1 = last), cosine nearest neighbour between the first language and each other one, accuracy in
   both directions, on the sentences present in both (JSONL: by ``id``; plain text: line by line).
@@ -48,7 +55,10 @@ import torch
 
 from mlm_core.config import EvaluateConfig, FinetuneConfig, TransferTask
 from mlm_core.evaluate.conll import ConllError, read_aligned, read_labeled, read_tagged
-from mlm_core.evaluate.finetune import IGNORE, Example, attention_segments, build_task_model, collate, fit, mean_pool
+from mlm_core.evaluate.control import CONTROL_KEYS, paired_gain, untrained_like
+from mlm_core.evaluate.finetune import (IGNORE, Example, attention_segments, build_task_model, collate, fit,
+                                        intra_op_threads, mean_pool, weights_digest)
+from mlm_core.evaluate.predictions import split_rows
 from mlm_core.evaluate.protocols import primary_score
 from mlm_core.evaluate.transfer_data import (  # noqa: F401  (re-exported: imported from here)
     VALIDATION_FRACTION, Window, accuracy, best_window, encode_texts, encode_words, finish_report, flat_windows,
@@ -60,6 +70,7 @@ log = logging.getLogger(__name__)
 MAX_LEN = 256          # subwords per input ([CLS]/[SEP] included), also capped by the model's max_positions
 EVAL_BATCH = 64        # inputs per no-grad forward pass
 TEST_FRACTION = 0.2    # of the source training data, held out for the source score when no separate file gives it
+HELD_OUT = " held-out"  # key of the held-out source split among a task's scored splits (no language code has a space)
 
 
 # ---- model inputs -------------------------------------------------------------------------------
@@ -107,8 +118,12 @@ def tagging_examples(encoded, sentences, label_id: dict[str, int]) -> list[Examp
     return out
 
 
-def run_upos(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path, seed: int) -> dict:
-    """Fine-tune a tagger on ``task.train`` (source language) and score every target (word accuracy)."""
+def run_upos(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path, seed: int, control=None,
+             predictions: list | None = None) -> dict:
+    """Fine-tune a tagger on ``task.train`` (source language) and score every target (word accuracy).
+    ``control``: the untrained encoder (``control.untrained_like``), fine-tuned and scored the same way (module
+    ``control``); ``predictions``: a list that receives the per-word columns of each reported split
+    (``predictions.split_rows``)."""
     tok, L, pad = plain_tokenizer(tok), max_len_of(model), model.arch.pad_id
     train = read_tagged(base_dir / task.train, task.source_lang)
     dev = read_tagged(base_dir / task.dev, task.source_lang) if task.dev else None
@@ -121,29 +136,63 @@ def run_upos(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path,
     train_ex = tagging_examples(encode_words(tok, [s.tokens for s in train], L), train, label_id)
     val_enc = encode_words(tok, [s.tokens for s in val], L)
     val_gold = [t for s in val for t in s.upos]
-    tagger = build_task_model(model, len(labels), "token", ft, seed)
-    res = fit(tagger, train_ex, lambda m: primary_score(ft.primary_metric, predict_tags(m, val_enc, labels, pad),
-                                                         val_gold), ft, seed, pad)
+    # every scored split: the targets, then the held-out source split (key HELD_OUT)
+    splits = {lang: read_tagged(base_dir / path, lang) for lang, path in task.targets.items()}
+    if held_out:
+        splits[HELD_OUT] = test
+    enc = {k: encode_words(tok, [s.tokens for s in sents], L) for k, sents in splits.items()}
+
+    def tagged(encoder):
+        tagger = build_task_model(encoder, len(labels), "token", ft, seed)
+        res = fit(tagger, train_ex, lambda m: primary_score(ft.primary_metric, predict_tags(m, val_enc, labels, pad),
+                                                            val_gold), ft, seed, pad)
+        return res, weights_digest(tagger), {k: predict_tags(tagger, e, labels, pad) for k, e in enc.items()}
+
+    res, digest, pred = tagged(model)
+    ctrl = tagged(control) if control is not None else None
     targets = {}
-    for lang, path in task.targets.items():
-        sents = read_tagged(base_dir / path, lang)
-        enc = encode_words(tok, [s.tokens for s in sents], L)
-        gold = [t for s in sents for t in s.upos]
-        pred = predict_tags(tagger, enc, labels, pad)
-        targets[lang] = target_report(pred, gold, set(labels), majority)
-        targets[lang]["uncovered_words"] = sum(all(x.first[w] < 0 for x in ws) for ws in enc
+    for lang in task.targets:
+        gold = [t for s in splits[lang] for t in s.upos]
+        targets[lang] = target_report(pred[lang], gold, set(labels), majority)
+        targets[lang]["uncovered_words"] = sum(all(x.first[w] < 0 for x in ws) for ws in enc[lang]
                                                for w in range(len(ws[0].first)))
-        targets[lang]["sentences"] = len(sents)
-        targets[lang].update(window_counts(enc, L))
+        targets[lang]["sentences"] = len(splits[lang])
+        targets[lang].update(window_counts(enc[lang], L))
         if targets[lang]["long_sentences"]:
             log.info("upos %s: %d sentence(s) longer than %d subwords scored in overlapping windows (%d words "
                      "past the limit)", lang, targets[lang]["long_sentences"], L, targets[lang]["words_past_max_len"])
     source_test = None
     if held_out:
-        gold = [t for s in test for t in s.upos]
-        source_test = target_report(predict_tags(tagger, encode_words(tok, [s.tokens for s in test], L), labels, pad),
-                                    gold, set(labels), majority)
-    return finish_report("upos", task, res, targets, labels, majority, len(train), len(val), source_test)
+        source_test = target_report(pred[HELD_OUT], [t for s in test for t in s.upos], set(labels), majority)
+    report = finish_report("upos", task, res, targets, labels, majority, len(train), len(val), source_test)
+    report["finetuned_sha256"] = digest
+    # what each reported figure was scored on: the held-out split replaces a source target naming the train file
+    reported = {lang: HELD_OUT if held_out and lang == task.source_lang else lang for lang in task.targets}
+    source_key = HELD_OUT if held_out else task.source_lang
+    if ctrl is not None:
+        c_res, c_digest, c_pred = ctrl
+        for lang, key in reported.items():
+            targets[lang].update(paired_gain(pred[key], c_pred[key], [t for s in splits[key] for t in s.upos],
+                                             sentence_groups(splits[key]), seed))
+        src = paired_gain(pred[source_key], c_pred[source_key], [t for s in splits[source_key] for t in s.upos],
+                          sentence_groups(splits[source_key]), seed)
+        report["untrained"] = {"source_score": src["untrained_score"], "validation_score": round(c_res.best_score, 5),
+                               "best_epoch": c_res.best_epoch, "steps": c_res.steps, "history": c_res.history,
+                               "finetuned_sha256": c_digest}
+        report["source_gain_over_untrained"] = {k: src[k] for k in CONTROL_KEYS[1:]}
+    if predictions is not None:
+        shown = dict(reported)
+        if held_out and task.source_lang not in shown:
+            shown[task.source_lang] = HELD_OUT
+        for lang, key in sorted(shown.items()):
+            predictions.append(split_rows("upos", lang, "held-out" if key == HELD_OUT else "test", splits[key],
+                                          enc[key], pred[key], ctrl[2][key] if ctrl is not None else None))
+    return report
+
+
+def sentence_groups(sentences) -> list[int]:
+    """The sentence index of each word (the bootstrap's resampling unit)."""
+    return [i for i, s in enumerate(sentences) for _ in s.upos]
 
 
 # ---- sentence classification ----------------------------------------------------------------------
@@ -159,8 +208,10 @@ def predict_classes(model, ids_list: list[list[int]], labels: list[str], pad_id:
     return [pred[i] for i in range(len(ids_list))]
 
 
-def run_classification(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path, seed: int) -> dict:
-    """Fine-tune a mean-pooled sentence classifier on the source language; accuracy per target."""
+def run_classification(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path, seed: int,
+                       control=None) -> dict:
+    """Fine-tune a mean-pooled sentence classifier on the source language; accuracy per target. ``control``: the
+    untrained encoder, fine-tuned and scored the same way (``run_upos``; each example is its own sentence)."""
     tok, L, pad = plain_tokenizer(tok), max_len_of(model), model.arch.pad_id
     train = read_labeled(base_dir / task.train, task.source_lang)
     dev = read_labeled(base_dir / task.dev, task.source_lang) if task.dev else None
@@ -173,19 +224,34 @@ def run_classification(model, tok, task: TransferTask, ft: FinetuneConfig, base_
     train_ids = encode_texts(tok, [t for t, _ in train], L)
     train_ex = [Example(ids, label_id[lab]) for ids, (_, lab) in zip(train_ids, train)]
     val_ids, val_gold = encode_texts(tok, [t for t, _ in val], L), [lab for _, lab in val]
-    clf = build_task_model(model, len(labels), "mean", ft, seed)
-    res = fit(clf, train_ex, lambda m: primary_score(ft.primary_metric, predict_classes(m, val_ids, labels, pad),
-                                                      val_gold), ft, seed, pad)
-    targets = {}
-    for lang, path in task.targets.items():
-        data = read_labeled(base_dir / path, lang)
-        pred = predict_classes(clf, encode_texts(tok, [t for t, _ in data], L), labels, pad)
-        targets[lang] = target_report(pred, [lab for _, lab in data], set(labels), majority)
-    source_test = None
+    splits = {lang: read_labeled(base_dir / path, lang) for lang, path in task.targets.items()}
     if held_out:
-        pred = predict_classes(clf, encode_texts(tok, [t for t, _ in test], L), labels, pad)
-        source_test = target_report(pred, [lab for _, lab in test], set(labels), majority)
+        splits[HELD_OUT] = test
+    ids = {k: encode_texts(tok, [t for t, _ in data], L) for k, data in splits.items()}
+
+    def classified(encoder):
+        clf = build_task_model(encoder, len(labels), "mean", ft, seed)
+        res = fit(clf, train_ex, lambda m: primary_score(ft.primary_metric, predict_classes(m, val_ids, labels, pad),
+                                                          val_gold), ft, seed, pad)
+        return res, weights_digest(clf), {k: predict_classes(clf, i, labels, pad) for k, i in ids.items()}
+
+    res, digest, pred = classified(model)
+    gold = {k: [lab for _, lab in data] for k, data in splits.items()}
+    targets = {lang: target_report(pred[lang], gold[lang], set(labels), majority) for lang in task.targets}
+    source_test = target_report(pred[HELD_OUT], gold[HELD_OUT], set(labels), majority) if held_out else None
     report = finish_report("classification", task, res, targets, labels, majority, len(train), len(val), source_test)
+    report["finetuned_sha256"] = digest
+    if control is not None:
+        c_res, c_digest, c_pred = classified(control)
+        for lang in task.targets:
+            key = HELD_OUT if held_out and lang == task.source_lang else lang
+            targets[lang].update(paired_gain(pred[key], c_pred[key], gold[key], list(range(len(gold[key]))), seed))
+        key = HELD_OUT if held_out else task.source_lang
+        src = paired_gain(pred[key], c_pred[key], gold[key], list(range(len(gold[key]))), seed)
+        report["untrained"] = {"source_score": src["untrained_score"], "validation_score": round(c_res.best_score, 5),
+                               "best_epoch": c_res.best_epoch, "steps": c_res.steps, "history": c_res.history,
+                               "finetuned_sha256": c_digest}
+        report["source_gain_over_untrained"] = {k: src[k] for k in CONTROL_KEYS[1:]}
     if ft.cv:
         from mlm_core.evaluate.protocols import classification_cv
         report["cv"] = classification_cv(model, tok, task, ft, base_dir, seed)
@@ -269,14 +335,18 @@ def run_retrieval(model, tok, files: dict[str, str], layer: int, base_dir: Path)
 
 
 # ---- the entry point -------------------------------------------------------------------------------
-def run_transfer(model_dir: Path, cfg: EvaluateConfig, base_dir: Path, seed: int, model_hook=None) -> dict:
+def run_transfer(model_dir: Path, cfg: EvaluateConfig, base_dir: Path, seed: int, model_hook=None,
+                 predictions: list | None = None) -> dict:
     """Every configured transfer task for the model in ``model_dir``; the model on disk is not modified.
     ``model_hook(model) -> model``: applied to the encoder before fine-tuning (debias.projection: the task head
-    then sees projected representations)."""
+    then sees projected representations; not to the untrained control). ``predictions``: a list receiving the
+    UPOS per-word columns (``predictions.write`` makes predictions.parquet of them). Everything runs on
+    ``finetune.threads`` torch threads (``finetune.intra_op_threads``): a function of (model, seed, config)."""
     from mlm_core.evaluate.intrinsic import load_discriminator
     from mlm_core.fillmask import load_model_dir
     model, tok, _ = load_model_dir(Path(model_dir))
     model = load_discriminator(Path(model_dir)) or model    # ELECTRA: the discriminator is the encoder to transfer
+    control = untrained_like(model, seed) if cfg.untrained_control else None
     if model_hook is not None:
         model = model_hook(model)
     base_dir = Path(base_dir)
@@ -284,21 +354,24 @@ def run_transfer(model_dir: Path, cfg: EvaluateConfig, base_dir: Path, seed: int
     from mlm_core.progress import Progress
     todo = [k for k, on in (("upos", cfg.upos is not None), ("classification", cfg.classification is not None),
                             ("retrieval", bool(cfg.retrieval))) if on]
-    with Progress("evaluate transfer", len(todo), unit="tasks") as shown:     # display only
+    with Progress("evaluate transfer", len(todo), unit="tasks") as shown, intra_op_threads(cfg.finetune.threads):
         for i, kind in enumerate(todo):
             shown.update(i, note=kind)
             if kind == "upos":
-                out["upos"] = run_upos(model, tok, cfg.upos, cfg.finetune, base_dir, seed)
+                out["upos"] = run_upos(model, tok, cfg.upos, cfg.finetune, base_dir, seed, control, predictions)
             elif kind == "classification":
                 out["classification"] = run_classification(model, tok, cfg.classification, cfg.finetune, base_dir,
-                                                           seed)
+                                                           seed, control)
             else:
                 out["retrieval"] = run_retrieval(model, tok, cfg.retrieval, cfg.retrieval_layer, base_dir)
         shown.update(len(todo), note="")
     for kind in ("upos", "classification"):
         for lang, t in out.get(kind, {}).get("targets", {}).items():
-            log.info("%s %s: %.4f (source %.4f, gap %+.4f, majority %.4f)", kind, lang, t["score"], t["source_score"],
-                     t["gap"], t["majority_baseline"])
+            ctrl = (f", untrained {t['untrained_score']:.4f}, gain {t['gain_over_untrained']:+.4f} "
+                    f"[{t['gain_over_untrained_ci_low']:+.4f}, {t['gain_over_untrained_ci_high']:+.4f}]"
+                    if t.get("gain_over_untrained") is not None else "")
+            log.info("%s %s: %.4f (source %.4f, gap %+.4f, majority %.4f%s)", kind, lang, t["score"],
+                     t["source_score"], t["gap"], t["majority_baseline"], ctrl)
     return out
 
 

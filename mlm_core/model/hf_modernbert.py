@@ -65,9 +65,12 @@ def modernbert_config(arch: Arch, special_ids: dict[str, int] | None = None) -> 
         "attention_dropout": arch.dropout,
         "mlp_dropout": arch.dropout,
         "layer_types": layer_types(arch),
-        # transformers >= 5 reads rope_parameters; the two theta keys are what older releases read
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": arch.rope_theta},
                             "sliding_attention": {"rope_type": "default", "rope_theta": arch.local_rope_theta}},
+        # what transformers 4.x reads instead of layer_types / rope_parameters (5.x ignores them when those are set)
+        "global_attn_every_n_layers": arch.global_every if arch.attention == "local_global" else 1,
+        "global_rope_theta": arch.rope_theta,
+        "local_rope_theta": arch.local_rope_theta,
         "local_attention": arch.window,
         "tie_word_embeddings": arch.tie_embeddings,
         "dtype": "float32",

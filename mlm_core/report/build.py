@@ -22,7 +22,9 @@ from mlm_core.report.collect import collect
 from mlm_core.report.plots import write_plots
 
 # metrics shown when plan.json names none
-DEFAULT_METRICS = ("upos.*.score", "upos.source_score", "upos.mean.score", "*.top1", "*.top1_over_baseline",
+# (patterns with * list only what some run has: the untrained-encoder control's rows appear where it ran)
+DEFAULT_METRICS = ("upos.*.score", "upos.source_score", "upos.mean.score", "upos.mean.untrained_*",
+                   "upos.*.gain_over_untrained", "*.top1", "*.top1_over_baseline",
                    "small3.*", "large2.*", "*.pseudo_perplexity", "*.crows_score", "pretrain.final_loss")
 
 

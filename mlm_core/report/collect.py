@@ -149,10 +149,13 @@ def _derived(ev: dict) -> dict:
         if t.get("source_score") is not None:
             out[f"{task}.source_score"] = float(t["source_score"])
         # the source language scored as a target is the source score, not a transfer: not in the mean
-        if t.get("score") is not None and t.get("lang") != (tasks_cfg.get(task) or {}).get("source_lang"):
-            by_task.setdefault(task, []).append(float(t["score"]))
-    for task, scores in by_task.items():
-        out[f"{task}.mean.score"] = sum(scores) / len(scores)
+        if t.get("lang") == (tasks_cfg.get(task) or {}).get("source_lang"):
+            continue
+        for key in ("score", "untrained_score", "gain_over_untrained"):     # the untrained-encoder control too
+            if t.get(key) is not None:
+                by_task.setdefault((task, key), []).append(float(t[key]))
+    for (task, key), values in by_task.items():
+        out[f"{task}.mean.{key}"] = sum(values) / len(values)
     return out
 
 

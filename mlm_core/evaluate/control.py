@@ -1,0 +1,64 @@
+"""The untrained-encoder control of zero-shot transfer: what fine-tuning alone reaches without pretraining.
+
+A transfer score means little on its own: an English-trained tagger on a randomly initialised encoder already
+reaches most of the pretrained model's English UPOS accuracy (word identity is most of the signal), and on
+targets the two can cross. So every transfer task (``evaluate.untrained_control``) also fine-tunes the
+untrained encoder and reports, per target, ``untrained_score`` and ``gain_over_untrained`` = score −
+untrained_score with a 95% interval.
+
+In: the loaded encoder and the run's training seed (``untrained_like``); per target, the two models'
+predictions, the gold labels and the sentence of each item (``paired_gain``). Out: a fresh encoder; the gain
+and its interval.
+
+- The untrained encoder is the same class and architecture as the evaluated one, built right after
+  ``torch.manual_seed(seed)``: exactly the weights pretraining starts from at step 0 (``train.stage`` seeds
+  torch with the run's training seed, then ``build_model``; an ELECTRA run builds its discriminator, the
+  encoder transfer uses, first). The caller's global RNG is left as it was. With ``pretrain.init_from`` it is
+  still this random initialisation (the control measures the checkpoint and the pretraining together), and
+  ``debias.projection`` is not applied to it (the subspace is the pretrained model's).
+- Interval: a paired percentile bootstrap over target *sentences* (the words of one sentence are not
+  independent draws): per word d = [pretrained correct] − [untrained correct]; each of
+  ``intrinsic.BOOTSTRAP_SAMPLES`` replicates resamples the sentences with replacement and takes
+  sum(d) / words over the drawn sentences (``intrinsic.bootstrap_ci``, seeded with the run's training seed, so
+  the interval is a function of the config). For sentence classification each example is its own sentence.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+ROUND = 5       # decimals, as the transfer scores
+
+
+def untrained_like(model, seed: int):
+    """A fresh ``type(model)(model.arch)`` built right after ``torch.manual_seed(seed)``, in eval mode."""
+    import torch
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        fresh = type(model)(model.arch)
+    return fresh.eval()
+
+
+def correct(pred: list, gold: list) -> np.ndarray:
+    """1.0 where the prediction equals the gold label (a missing prediction, None, is wrong)."""
+    if len(pred) != len(gold):
+        raise ValueError(f"{len(pred)} predictions for {len(gold)} gold labels")
+    return np.fromiter((p is not None and p == g for p, g in zip(pred, gold)), dtype=np.float64, count=len(gold))
+
+
+def paired_gain(pred: list, untrained: list, gold: list, groups: list[int], seed: int) -> dict:
+    """{"untrained_score", "gain_over_untrained", "gain_over_untrained_ci_low", "..._ci_high"} (module doc)."""
+    from mlm_core.evaluate.intrinsic import bootstrap_ci
+    if len(groups) != len(gold):
+        raise ValueError(f"{len(groups)} sentence ids for {len(gold)} gold labels")
+    a, b = correct(pred, gold), correct(untrained, gold)
+    d = a - b
+    lo, hi = bootstrap_ci(np.asarray(groups), d, seed=seed) if len(d) else (None, None)
+    mean = float(d.mean()) if len(d) else None
+    r = lambda v: None if v is None else round(v, ROUND)      # noqa: E731
+    return {"untrained_score": r(float(b.mean()) if len(b) else None), "gain_over_untrained": r(mean),
+            "gain_over_untrained_ci_low": r(lo), "gain_over_untrained_ci_high": r(hi)}
+
+
+CONTROL_KEYS = ("untrained_score", "gain_over_untrained", "gain_over_untrained_ci_low", "gain_over_untrained_ci_high")
+
+__all__ = ["CONTROL_KEYS", "correct", "paired_gain", "untrained_like"]
