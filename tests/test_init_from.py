@@ -1,8 +1,8 @@
 """Continued pretraining from an existing checkpoint (``pretrain.init_from``), through the pipeline's stages.
 
-For each family (bert, roberta, xlm-roberta, electra) a tiny random transformers checkpoint + tokenizer is
-saved in tmp (``hf_tiny``), and normalize -> tokenizer -> shards -> pretrain run through ``mlm_core.stages``
-on a tiny en/ru corpus with pretrain.init_from = that folder:
+For each family (bert, roberta, xlm-roberta, electra, roformer, modernbert) a tiny random transformers
+checkpoint + tokenizer is saved in tmp (``hf_tiny``), and normalize -> tokenizer -> shards -> pretrain run
+through ``mlm_core.stages`` on a tiny en/ru corpus with pretrain.init_from = that folder:
   (b) 20 steps lower the MLM loss on the training text: computed here, with transformers, on the same
       masked rows, for the checkpoint before and the export after (independent of the loop's logging);
   (c) the export reloads in the checkpoint's own transformers class with logits equal to ours (< 1e-4).
@@ -32,7 +32,7 @@ STAGES = ("normalize", "tokenizer", "shards", "pretrain")
 PRETRAIN = {"steps": 20, "batch_size": 8, "lr": 3e-3, "warmup_steps": 2, "eval_every": 20, "eval_batches": 1,
             "checkpoint_every": 20, "log_every": 5, "device": "cpu", "precision": "fp32"}
 CLASSES = {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM", "xlm-roberta": "XLMRobertaForMaskedLM",
-           "electra": "ElectraForMaskedLM"}
+           "electra": "ElectraForMaskedLM", "roformer": "RoFormerForMaskedLM", "modernbert": "ModernBertForMaskedLM"}
 
 
 def write_config(tmp: Path, ckpt: Path | str, **sections) -> Path:

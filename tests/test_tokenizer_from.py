@@ -112,8 +112,18 @@ def save_roberta_files(d: Path) -> Path:
     return d
 
 
+def save_checkpoint(family: str):
+    """A RoFormer / ModernBERT checkpoint folder as transformers saves it (tests/hf_tiny.py): config.json names the
+    family; ModernBERT's byte-level BPE has its special tokens last ([UNK] [CLS] [SEP] [PAD] [MASK])."""
+    def save(d: Path) -> Path:
+        from hf_tiny import save_tiny
+        return save_tiny(d, family, BASE_TEXTS, vocab_size=400)
+    return save
+
+
 BASES = {"bert": save_bert, "roberta": save_roberta, "xlmr": save_xlmr, "bert_vocab_txt": save_bert_vocab_txt,
-         "bert_vocab_cased": save_bert_vocab_cased, "roberta_files": save_roberta_files}
+         "bert_vocab_cased": save_bert_vocab_cased, "roberta_files": save_roberta_files,
+         "roformer": save_checkpoint("roformer"), "modernbert": save_checkpoint("modernbert")}
 
 
 def hf_tokenizer(folder: Path):
@@ -182,6 +192,10 @@ def test_from_folder_keeps_the_base_ids_and_specials(bases, corpus, tmp_path, na
         assert m["lowercase"] == (name == "bert_vocab_txt") and "vocab.txt" in m["source"]["files"]
     if name == "roberta_files":
         assert m["algorithm"] == "bpe" and "merges.txt" in m["source"]["files"]
+    if name in ("roformer", "modernbert"):
+        assert m["source"]["family"] == name
+    if name == "modernbert":                 # the special tokens kept at the end of the vocabulary, [PAD] included
+        assert m["special_tokens"]["mask"]["id"] == m["vocab_size"] - 1 and m["special_tokens"]["pad"]["id"] > 0
 
 
 def _whole_text(token: str, kind: str) -> str | None:
