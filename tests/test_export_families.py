@@ -319,3 +319,33 @@ def test_modernbert_init_statistics_equal_transformers(tie):
         assert a[kind]["max"] == pytest.approx(b[kind]["max"], rel=0.03), kind       # the same truncation
     # and the pad row is drawn like the rest, as transformers leaves it
     assert ours.tok_emb.weight[3].abs().max() > 0 and theirs.model.embeddings.tok_embeddings.weight[3].abs().max() > 0
+
+
+# ---- the config surface ------------------------------------------------------------------------------------------
+def test_family_modernbert_config_is_modernbert_with_transformers_defaults():
+    from pydantic import ValidationError
+
+    from mlm_core.configio import ConfigError, load_config
+    c = ModelConfig(family="modernbert")
+    assert (c.norm, c.position, c.attention) == ("pre", "rotary", "local_global")
+    arch = resolve_arch(c, 1000, 0)
+    ref = tf.ModernBertConfig()                  # its defaults, read from transformers
+    assert arch.window == ref.local_attention and arch.ln_eps == ref.norm_eps
+    assert (arch.rope_theta, arch.local_rope_theta) == (ref.rope_parameters["full_attention"]["rope_theta"],
+                                                        ref.rope_parameters["sliding_attention"]["rope_theta"])
+    assert arch.activation == ref.hidden_activation and arch.head_activation == ref.classifier_activation
+    with torch.device("meta"):
+        layers = MLMEncoder(resolve_arch(ModelConfig(family="modernbert", size="base"), 50368, 50283))._global
+    assert ["full_attention" if g else "sliding_attention" for g in layers] == tf.ModernBertConfig(
+        num_hidden_layers=22).layer_types
+    assert ModelConfig(family="modernbert", attention="global").attention == "global"
+    for bad in ({"norm": "post"}, {"position": "learned"}):
+        with pytest.raises(ValidationError, match=f"pretrain.model.{next(iter(bad))}"):
+            ModelConfig(family="modernbert", **bad)
+    # a BERT model's stored Arch is what it was before the new fields existed
+    assert set(resolve_arch(ModelConfig(position="rotary"), 100, 0).to_dict()) == {
+        "layers", "hidden", "heads", "ffn", "dropout", "max_positions", "position", "norm", "tie_embeddings",
+        "vocab_size", "pad_id"}
+    with pytest.raises(ConfigError, match="objective electra"):
+        load_config(raw={"workdir": "/tmp/x", "sources": {"en": {"paths": [__file__]}},
+                         "pretrain": {"objective": "electra", "model": {"family": "modernbert"}}})

@@ -105,7 +105,7 @@ def test_sinusoidal_table_matches_formula():
 
 
 @pytest.mark.parametrize("kw", [{"norm": "pre"}, {"position": "rotary"}, {"norm": "pre", "position": "rotary"},
-                                {"tie_embeddings": False}])
+                                {"tie_embeddings": False}, {"family": "modernbert", "window": 4, "global_every": 2}])
 def test_variants_run_and_learn(kw):
     m = tiny(**kw).train()
     ids, labels = batch()
@@ -176,6 +176,22 @@ def test_flops_per_token_is_6n_plus_attention():
     base = resolve_arch(ModelConfig(size="base"), 30522, 0)
     with torch.device("meta"):
         mb = MLMEncoder(base)
+    ratio = mb.flops_per_token(128, 0.0) / (6 * mb.num_params())
+    assert 1.0 < ratio < 1.1, ratio
+
+
+def test_modernbert_accounting():
+    """GeGLU: the FFN has three ffn x hidden matrices (Wi is two of them); no token-type table, no biases."""
+    m = tiny(family="modernbert")
+    a, T = m.arch, 32
+    assert a.modern and "type_emb.weight" not in m.state_dict()
+    assert not [k for k in m.state_dict() if k.endswith(".bias")]                # the decoder's is head_bias
+    n_body = a.layers * (4 * a.hidden ** 2 + 3 * a.hidden * a.ffn)
+    span = sum(T if g else min(T, a.window + 1) for g in m._global)
+    assert m.flops_per_token(T, mask_rate=0.0) == 6 * n_body + 12 * a.hidden * span
+    with torch.device("meta"):
+        mb = MLMEncoder(resolve_arch(ModelConfig(family="modernbert", size="base"), 50368, 50283))
+    assert (mb.arch.layers, mb.arch.hidden, mb.arch.heads, mb.arch.ffn) == (22, 768, 12, 1152)   # ModernBERT-base
     ratio = mb.flops_per_token(128, 0.0) / (6 * mb.num_params())
     assert 1.0 < ratio < 1.1, ratio
 

@@ -30,6 +30,7 @@ import dataclasses
 
 import torch
 
+from mlm_core.model.positions import roformer_permutation, rotary_cos_sin
 from mlm_core.model.sizes import Arch
 
 
@@ -89,7 +90,6 @@ def export_family(arch: Arch) -> str:
 def roformer_table(arch: Arch) -> torch.Tensor:
     """RoFormer's ``embed_positions`` [max_positions, head_dim]: sin of every pair's angle, then cos (its
     ``RoFormerSinusoidalPositionalEmbedding.create_weight``), from our rotary formula (same angles)."""
-    from mlm_core.model.positions import rotary_cos_sin
     cos, sin = rotary_cos_sin(arch.max_positions, arch.head_dim, arch.rope_theta)
     half = arch.head_dim // 2
     return torch.cat([sin[:, :half], cos[:, :half]], dim=-1)
@@ -98,7 +98,6 @@ def roformer_table(arch: Arch) -> torch.Tensor:
 def _qk_rows(arch: Arch, inverse: bool = False) -> torch.Tensor:
     """Rows of the fused qkv that give RoFormer's q, k, v (``inverse``: ours from RoFormer's); v is not rotated
     (rotary_value false) and keeps its order."""
-    from mlm_core.model.positions import roformer_permutation
     perm = roformer_permutation(arch.heads, arch.head_dim)
     if inverse:
         perm = torch.argsort(perm)
