@@ -202,6 +202,20 @@ def test_control_off_and_the_seeds_own_initialisation(model_dir, shared_data, tm
     assert t["gain_over_untrained_ci_low"] == t["gain_over_untrained_ci_high"] == 0.0
 
 
+def test_classification_reports_the_control_too(model_dir):
+    from mlm_core.evaluate.transfer import run_transfer
+    cfg = EvaluateConfig(classification=TransferTask(source_lang="en", train="parallel.jsonl",
+                                                     targets={"en": "parallel.jsonl", "fr": "parallel.jsonl"}),
+                         finetune=FinetuneConfig(lr=3e-3, epochs=1, batch_size=32, max_train_examples=120))
+    clf = run_transfer(model_dir, cfg, DEMO, seed=2)["classification"]
+    assert clf["untrained"]["source_score"] == clf["targets"]["en"]["untrained_score"]     # the held-out split
+    for t in clf["targets"].values():
+        assert 0 <= t["untrained_score"] <= 1
+        assert t["gain_over_untrained"] == pytest.approx(t["score"] - t["untrained_score"], abs=2e-5)
+        assert t["gain_over_untrained_ci_low"] <= t["gain_over_untrained_ci_high"]
+    assert clf["source_gain_over_untrained"]["gain_over_untrained"] == clf["targets"]["en"]["gain_over_untrained"]
+
+
 # ---- byte-reproducible across processes ---------------------------------------------------------------------
 RUN = """
 import json, sys, torch

@@ -59,6 +59,26 @@ def paired_gain(pred: list, untrained: list, gold: list, groups: list[int], seed
             "gain_over_untrained_ci_low": r(lo), "gain_over_untrained_ci_high": r(hi)}
 
 
+def attach(report: dict, reported: dict[str, str], source_key: str, pred: dict, control: tuple, gold: dict,
+           groups: dict, seed: int) -> dict:
+    """Add the control to a task ``report`` (``transfer.finish_report``'s) in place and return it.
+
+    ``reported``: target language -> the key of the split its figures were scored on (``pred``, ``gold``,
+    ``groups``: per split key, flat over its items); ``source_key``: the split the source score comes from;
+    ``control``: (FitResult, weights digest, predictions per split key) of the untrained encoder. Each target gets
+    ``paired_gain``; the report gets ``untrained`` (its source and validation scores, epochs, steps, history,
+    digest) and ``source_gain_over_untrained``."""
+    res, digest, c_pred = control
+    for lang, key in reported.items():
+        report["targets"][lang].update(paired_gain(pred[key], c_pred[key], gold[key], groups[key], seed))
+    src = paired_gain(pred[source_key], c_pred[source_key], gold[source_key], groups[source_key], seed)
+    report["untrained"] = {"source_score": src["untrained_score"], "validation_score": round(res.best_score, ROUND),
+                           "best_epoch": res.best_epoch, "steps": res.steps, "history": res.history,
+                           "finetuned_sha256": digest}
+    report["source_gain_over_untrained"] = {k: src[k] for k in CONTROL_KEYS[1:]}
+    return report
+
+
 CONTROL_KEYS = ("untrained_score", "gain_over_untrained", "gain_over_untrained_ci_low", "gain_over_untrained_ci_high")
 
-__all__ = ["CONTROL_KEYS", "correct", "paired_gain", "untrained_like"]
+__all__ = ["CONTROL_KEYS", "attach", "correct", "paired_gain", "untrained_like"]

@@ -55,7 +55,7 @@ import torch
 
 from mlm_core.config import EvaluateConfig, FinetuneConfig, TransferTask
 from mlm_core.evaluate.conll import ConllError, read_aligned, read_labeled, read_tagged
-from mlm_core.evaluate.control import CONTROL_KEYS, paired_gain, untrained_like
+from mlm_core.evaluate.control import attach, untrained_like
 from mlm_core.evaluate.finetune import (IGNORE, Example, attention_segments, build_task_model, collate, fit,
                                         intra_op_threads, mean_pool, weights_digest)
 from mlm_core.evaluate.predictions import split_rows
@@ -168,18 +168,10 @@ def run_upos(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path,
     report["finetuned_sha256"] = digest
     # what each reported figure was scored on: the held-out split replaces a source target naming the train file
     reported = {lang: HELD_OUT if held_out and lang == task.source_lang else lang for lang in task.targets}
-    source_key = HELD_OUT if held_out else task.source_lang
     if ctrl is not None:
-        c_res, c_digest, c_pred = ctrl
-        for lang, key in reported.items():
-            targets[lang].update(paired_gain(pred[key], c_pred[key], [t for s in splits[key] for t in s.upos],
-                                             sentence_groups(splits[key]), seed))
-        src = paired_gain(pred[source_key], c_pred[source_key], [t for s in splits[source_key] for t in s.upos],
-                          sentence_groups(splits[source_key]), seed)
-        report["untrained"] = {"source_score": src["untrained_score"], "validation_score": round(c_res.best_score, 5),
-                               "best_epoch": c_res.best_epoch, "steps": c_res.steps, "history": c_res.history,
-                               "finetuned_sha256": c_digest}
-        report["source_gain_over_untrained"] = {k: src[k] for k in CONTROL_KEYS[1:]}
+        attach(report, reported, HELD_OUT if held_out else task.source_lang, pred, ctrl,
+               {k: [t for s in sents for t in s.upos] for k, sents in splits.items()},
+               {k: sentence_groups(sents) for k, sents in splits.items()}, seed)
     if predictions is not None:
         shown = dict(reported)
         if held_out and task.source_lang not in shown:
@@ -241,17 +233,10 @@ def run_classification(model, tok, task: TransferTask, ft: FinetuneConfig, base_
     source_test = target_report(pred[HELD_OUT], gold[HELD_OUT], set(labels), majority) if held_out else None
     report = finish_report("classification", task, res, targets, labels, majority, len(train), len(val), source_test)
     report["finetuned_sha256"] = digest
-    if control is not None:
-        c_res, c_digest, c_pred = classified(control)
-        for lang in task.targets:
-            key = HELD_OUT if held_out and lang == task.source_lang else lang
-            targets[lang].update(paired_gain(pred[key], c_pred[key], gold[key], list(range(len(gold[key]))), seed))
-        key = HELD_OUT if held_out else task.source_lang
-        src = paired_gain(pred[key], c_pred[key], gold[key], list(range(len(gold[key]))), seed)
-        report["untrained"] = {"source_score": src["untrained_score"], "validation_score": round(c_res.best_score, 5),
-                               "best_epoch": c_res.best_epoch, "steps": c_res.steps, "history": c_res.history,
-                               "finetuned_sha256": c_digest}
-        report["source_gain_over_untrained"] = {k: src[k] for k in CONTROL_KEYS[1:]}
+    if control is not None:         # each example is its own resampling unit
+        reported = {lang: HELD_OUT if held_out and lang == task.source_lang else lang for lang in task.targets}
+        attach(report, reported, HELD_OUT if held_out else task.source_lang, pred, classified(control), gold,
+               {k: list(range(len(g))) for k, g in gold.items()}, seed)
     if ft.cv:
         from mlm_core.evaluate.protocols import classification_cv
         report["cv"] = classification_cv(model, tok, task, ft, base_dir, seed)
