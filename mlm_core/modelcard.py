@@ -85,8 +85,9 @@ def _tokenizer_section(tok: dict) -> list[str]:
 
 def _training_section(tr: dict) -> list[str]:
     arch = _get(tr, "arch") or {}
-    # attention / window / global_every are in a stored arch only for local_global (a BERT card is unchanged)
-    shape = ", ".join(f"{k} {arch[k]}" for k in ("layers", "hidden", "heads", "ffn", "position", "norm",
+    # family / attention / window / global_every are in a stored arch only away from their defaults (bert,
+    # global): a BERT card is unchanged
+    shape = ", ".join(f"{k} {arch[k]}" for k in ("family", "layers", "hidden", "heads", "ffn", "position", "norm",
                                                   "max_positions", "vocab_size", "attention", "window",
                                                   "global_every") if k in arch)
     out = ["## Training", "", f"Objective: {_fmt(_get(tr, 'objective'))}. Architecture: {shape or DASH}.",
