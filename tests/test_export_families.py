@@ -198,7 +198,8 @@ def test_transformers_checkpoint_round_trips_with_equal_logits(checkpoints, case
     assert p.family == family and p.arch.family == family
     tok = tf.AutoTokenizer.from_pretrained(str(folder))
     for role in ("pad", "unk", "cls", "sep", "mask"):
-        assert p.special_tokens[role] == {"token": getattr(tok, f"{role}_token"), "id": getattr(tok, f"{role}_token_id")}
+        want = {"token": getattr(tok, f"{role}_token"), "id": getattr(tok, f"{role}_token_id")}
+        assert p.special_tokens[role] == want, role
     ours = build_encoder(p).eval()
     diff = packed_diff(ours, ref, folder)
     print(f"{case}: transformers' checkpoint read by ours: max diff {diff:.3g}")

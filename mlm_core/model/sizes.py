@@ -117,7 +117,8 @@ class Arch:
         if not 0 <= self.pad_id < self.vocab_size:
             raise ArchError(f"pad_id {self.pad_id} is outside the vocabulary (size {self.vocab_size})")
         if not (self.rope_theta > 0 and self.local_rope_theta > 0):
-            raise ArchError(f"rope_theta ({self.rope_theta}) and local_rope_theta ({self.local_rope_theta}) must be > 0")
+            raise ArchError(f"rope_theta ({self.rope_theta}) and local_rope_theta ({self.local_rope_theta}) "
+                            "must be > 0")
         # the families whose layout is fixed by transformers' class: anything else would not be that class
         if self.family == "roformer" and (self.position, self.norm, self.attention) != ("rotary", "post", "global"):
             raise ArchError(f"a roformer model is rotary, post-LN and global (got position {self.position}, norm "
