@@ -350,3 +350,28 @@ def test_family_modernbert_config_is_modernbert_with_transformers_defaults():
     with pytest.raises(ConfigError, match="objective electra"):
         load_config(raw={"workdir": "/tmp/x", "sources": {"en": {"paths": [__file__]}},
                          "pretrain": {"objective": "electra", "model": {"family": "modernbert"}}})
+
+
+def test_modernbert_config_in_transformers_4_keys(checkpoints, tmp_path):
+    """ModernBERT's published configs (transformers 4.x) carry global_attn_every_n_layers and the two *_rope_theta
+    keys instead of layer_types / rope_parameters: read as transformers 5 reads them, with equal logits."""
+    d = shutil.copytree(checkpoints["modernbert-untied"], tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["layer_types"] == ["full_attention", "sliding_attention"] * 2
+    legacy = {k: v for k, v in cfg.items() if k not in ("layer_types", "rope_parameters")} | {
+        "global_attn_every_n_layers": 2, "global_rope_theta": cfg["rope_parameters"]["full_attention"]["rope_theta"],
+        "local_rope_theta": cfg["rope_parameters"]["sliding_attention"]["rope_theta"]}
+    (d / "config.json").write_text(json.dumps(legacy))
+    p, ref = read_pretrained(d), _load(d)
+    assert ref.config.layer_types == cfg["layer_types"]
+    assert p.arch == read_pretrained(checkpoints["modernbert-untied"]).arch
+    assert packed_diff(build_encoder(p).eval(), ref, d) < TOL
+
+
+def test_objective_electra_from_a_modernbert_checkpoint_is_refused(checkpoints):
+    from types import SimpleNamespace
+
+    from mlm_core.errors import StageError
+    from mlm_core.train.init_from import _check_objective
+    with pytest.raises(StageError, match="no ModernBERT ELECTRA"):
+        _check_objective(SimpleNamespace(objective="electra"), read_pretrained(checkpoints["modernbert"]), "x")

@@ -17,7 +17,7 @@ The run takes the checkpoint's special tokens, max positions and shape (``mlm_co
     base tokenizer split that token into (the same for the bias).
 
 Objective x checkpoint:
-  * mlm from BERT / RoBERTa / XLM-R (or an ELECTRA generator alone): the MLM continues.
+  * mlm from BERT / RoBERTa / XLM-R / RoFormer / ModernBERT (or an ELECTRA generator alone): the MLM continues.
   * electra from an ELECTRA pair (discriminator + generator): the pair continues, with the checkpoint's
     generator; ``electra.generator_fraction`` set explicitly to a value that would not give that generator's
     width (hidden and ffn) is an error naming both (``_check_generator_fraction``); left unset, it is ignored.
@@ -120,6 +120,9 @@ def _check_objective(cfg, p, where: str) -> None:
                          "continue only the small generator and drop the discriminator: set pretrain.objective: "
                          "electra to continue the pair, or point pretrain.init_from at the generator folder alone")
     if cfg.objective == "electra" and p.disc_arch is None:
+        if p.arch.modern:
+            raise StageError(f"pretrain: objective electra from {where} (modernbert): transformers has no ModernBERT "
+                             "ELECTRA layout, so the result could not be exported back; use objective mlm")
         if p.family == "electra":
             raise StageError(f"pretrain: {where} is an ELECTRA generator without its discriminator: objective "
                              "electra needs the pair (see mlm_core.model.pretrained), or use objective mlm")
