@@ -7,14 +7,14 @@ the cross-entropy loss.
 Layout = BERT (Devlin et al., 2019), so the default configuration exports to ``BertForMaskedLM``
 exactly: word + position + one token-type embedding -> LayerNorm -> dropout; post-LN blocks
 (self-attention, residual, LayerNorm; FFN with exact erf GELU, residual, LayerNorm); MLM head
-(dense, GELU, LayerNorm, decoder tied to the word embeddings, output bias). Variants that do not
-export: pre-LN (Xiong et al., 2020: LayerNorm before each sublayer plus a final one) and rotary
-positions (RoFormer, Su et al., 2021), and local/global attention (sliding windows in all but every k-th
-layer; ``mlm_core.model.attention``). Sinusoidal positions follow Vaswani et al. (2017).
+(dense, GELU, LayerNorm, decoder tied to the word embeddings, output bias). Rotary positions (RoFormer,
+Su et al., 2021) in a post-LN model are RoFormer's network (``RoFormerForMaskedLM``; the export permutes q / k:
+``positions``). Variants that do not export: pre-LN (Xiong et al., 2020: LayerNorm before each sublayer plus
+a final one) and local/global attention (sliding windows in all but every k-th layer;
+``mlm_core.model.attention``) with BERT's layers. Sinusoidal positions follow Vaswani et al. (2017).
 A checkpoint read by ``pretrained`` sets the rest of its family's arithmetic through the Arch: LayerNorm
 epsilon, FFN activation (transformers' hidden_act), the MLM head's activation (exact GELU for RoBERTa /
 XLM-R / ELECTRA's generator), RoBERTa's position offset and a token-type table with several rows.
-A rotary post-LN model is RoFormer's network (its export permutes q / k: ``positions``).
 
 ``arch.modern`` (family modernbert) builds ModernBERT's layer (Warner et al., 2024; transformers'
 ``ModernBertForMaskedLM``): no token-type table; LayerNorms and linear layers without bias (the decoder keeps its
