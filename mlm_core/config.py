@@ -54,7 +54,7 @@ from mlm_core.config_ops import (  # noqa: F401  (re-exported)
     ExecutionConfig, GatesConfig, RegistryConfig, TrackingConfig,
 )
 from mlm_core.config_train import (  # noqa: F401  (re-exported)
-    DistributedConfig, ElectraConfig, MaskingConfig, ModelConfig, PretrainConfig,
+    DistributedConfig, ElectraConfig, MaskingConfig, ModelConfig, PlateauConfig, PretrainConfig,
 )
 from mlm_core.languages import ISO639_1, SCRIPTS, SCRIPTS_BY_LANG as SCRIPTS_BY_LANG_KNOWN  # noqa: F401
 

@@ -165,6 +165,24 @@ class DistributedConfig(Section):
         return self
 
 
+class PlateauConfig(Section):
+    """The plateau detector (``mlm_core.train.plateau``): from a declared share of the run on, every validation pass
+    asks whether held-out [MASK]-only top-1 is still within the unigram baseline's interval (the 95% paired
+    bootstrap interval of mask_acc - mask_baseline_acc reaches 0) in some language, i.e. the model still predicts
+    token frequencies. It then says so loudly (a WARNING naming the measured fixes, the progress line, the MLflow
+    tag ``plateau``, a ``plateau`` record in eval.json and the manifest). Reporting only: the weights never change."""
+
+    after: float | None = Field(
+        default=0.5, ge=0, le=1, description="Share of pretrain.steps after which a model at the baseline is on the "
+        "plateau: the detector judges every validation pass at step >= after x steps (the last pass, at the final "
+        "step, always counts). None: off.", json_schema_extra={"effect": "report"})
+    stop_on_plateau: bool = Field(
+        default=False, description="Stop training at the first validation pass that finds the plateau and fail "
+        "the pretrain stage (an error naming the step and the figures; the checkpoint of that step is kept, so "
+        "turning it off resumes there), so that a scheduled run never registers a frequency model. false: warn "
+        "and train on.", json_schema_extra={"effect": "report"})
+
+
 class PretrainConfig(Section):
     """Masked-language-model pretraining."""
 
@@ -231,6 +249,10 @@ class PretrainConfig(Section):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="torchrun options.")
     bias_regularizer: BiasRegularizerConfig | None = Field(
         default=None, description="Group-mean regularizer against bias, added to the loss (None: off).",
+        json_schema_extra={"omit_default": True})
+    plateau: PlateauConfig = Field(
+        default_factory=PlateauConfig, description="Plateau detector: warn (or stop) when [MASK]-only accuracy "
+        "is still within the unigram baseline's interval after a share of the run.",
         json_schema_extra={"omit_default": True})
 
     @field_validator("compile", mode="before")

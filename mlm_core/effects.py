@@ -66,6 +66,11 @@ def omitted_at_default(model: type[BaseModel], name: str, value: Any) -> bool:
     return bool(extra.get("omit_default")) and value == f.get_default(call_default_factory=True)
 
 
+def _omits_default(model: type[BaseModel], name: str) -> bool:
+    extra = model.model_fields[name].json_schema_extra
+    return isinstance(extra, dict) and bool(extra.get("omit_default"))
+
+
 def unused_here(section: BaseModel, name: str) -> bool:
     """True for a field marked ``json_schema_extra={"used_when": {sibling: value}}`` whose sibling holds another
     value: the field is then not read at all (``pretrain.model.window`` with ``attention: global``), so it is
@@ -85,7 +90,9 @@ def _view(value: Any, dumped: Any, effects: frozenset[str], sparse: bool) -> Any
             effect = field_effect(type(value), name)
             if effect == "section":
                 sub = _view(getattr(value, name), dumped[key], effects, sparse)
-                if not (sparse and sub in ({}, None)):
+                # an optional section (omit_default) holding none of these effects is left out even when set, as
+                # at its default: pretrain.plateau (report-only) must not move the trajectory key by an empty {}
+                if not ((sparse or _omits_default(type(value), name)) and sub in ({}, None)):
                     out[key] = sub
             elif effect in effects:
                 out[key] = dumped[key]

@@ -247,12 +247,26 @@ class Progress:
 
 
 def validation_summary(evals: dict, step: int) -> tuple[str, str]:
-    """(line, short) for per-language validation results {lang: {"loss", "acc", "baseline_acc", ...}}."""
+    """(line, short) for per-language validation results {lang: {"loss", "acc", "baseline_acc", ...}}.
+
+    With [MASK]-only figures (``mask_acc``, ``mask_baseline_acc``: ``train.evaluator``) the line leads with them,
+    the measure of learning: ``acc`` counts the ~10% of targets left unchanged, which a model copies."""
     langs = sorted(lg for lg, r in evals.items() if r.get("acc") is not None and r.get("n", 1))
     if not langs:
         return f"step {step}: no validation data", ""
     acc = sum(evals[lg]["acc"] for lg in langs) / len(langs)
     loss = sum(evals[lg]["loss"] for lg in langs) / len(langs)
+    masked = [lg for lg in langs if evals[lg].get("mask_acc") is not None
+              and evals[lg].get("mask_baseline_acc") is not None]
+    if masked:
+        m = sum(evals[lg]["mask_acc"] for lg in masked) / len(masked)
+        mb = sum(evals[lg]["mask_baseline_acc"] for lg in masked) / len(masked)
+        per = "; ".join(f"{lg} {evals[lg]['mask_acc']:.3f} vs {evals[lg]['mask_baseline_acc']:.3f}"
+                        + (f" ({evals[lg]['distinct_predictions']} distinct)"
+                           if evals[lg].get("distinct_predictions") is not None else "") for lg in masked)
+        line = (f"step {step}: [MASK] top-1 {m:.3f} vs unigram baseline {mb:.3f} (mean over {len(masked)} "
+                f"languages); by language: {per}; all 80/10/10 targets: loss {loss:.4g} acc {acc:.3f}")
+        return line, f"val [MASK] acc {m:.3f} (baseline {mb:.3f}) loss {loss:.4g} @ {step}"
     base = [evals[lg]["baseline_acc"] for lg in langs if evals[lg].get("baseline_acc") is not None]
     mean_base = f" (unigram baseline {sum(base) / len(base):.3f})" if base else ""
     per = " ".join(f"{lg} {evals[lg]['acc']:.3f}" for lg in langs)
@@ -280,9 +294,13 @@ class RecordFeed:
             evals: dict = {}
             for key, v in rec.items():
                 lang, _, name = key.partition(".val_")
-                if name in ("loss", "acc", "baseline_acc"):
+                if name in ("loss", "acc", "baseline_acc", "mask_acc", "mask_baseline_acc", "distinct_predictions"):
                     evals.setdefault(lang, {})[name] = v
-            self.progress.validation(*validation_summary(evals, step))
+            line, short = validation_summary(evals, step)
+            if rec.get("plateau"):          # the worker's plateau detector fired (train.plateau)
+                langs = rec.get("plateau_languages", "")
+                line, short = f"{line} | PLATEAU in {langs}", f"{short} | PLATEAU {langs}"
+            self.progress.validation(line, short)
 
     def step(self, step: int) -> None:
         if self.progress is not None:

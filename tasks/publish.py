@@ -57,7 +57,14 @@ def _shards_rows(art: Artifact) -> list[dict]:
 
 
 def _pretrain_rows(art: Artifact) -> list[dict]:
-    return [{"lang": lang, "val_loss": round(r["loss"], 4), "val_acc": round(r["acc"], 4),
+    """[MASK]-only top-1 vs the baseline first (what measures learning), then the all-target (80/10/10) figures."""
+    def masked(r: dict) -> dict:
+        if r.get("mask_acc") is None:       # an output written before [MASK]-only scoring
+            return {}
+        return {"mask_acc": round(r["mask_acc"], 4), "mask_baseline_acc": round(r["mask_baseline_acc"], 4),
+                "mask_over_baseline_ci_low": round(r["mask_over_baseline_ci_low"], 4),
+                "distinct_predictions": r.get("distinct_predictions")}
+    return [{"lang": lang, **masked(r), "val_loss": round(r["loss"], 4), "val_acc": round(r["acc"], 4),
              "baseline_acc": round(r["baseline_acc"], 4), "beats_baseline": r["acc"] > r["baseline_acc"]}
             for lang, r in sorted(art.manifest.get("eval", {}).items())]
 
@@ -158,6 +165,15 @@ def stat_tables(stage: str, art: Artifact) -> dict:
     return {"stats.json": pd.DataFrame(rows)}
 
 
+def run_tags(stage: str, art: Artifact) -> dict[str, str]:
+    """Stage-specific MLflow tags read from the manifest: pretrain's plateau detector (``plateau=true`` with the
+    step and languages; ``mlm_core.train.plateau``)."""
+    if stage == "pretrain":
+        from mlm_core.train.plateau import run_tags as plateau_tags
+        return plateau_tags(art.manifest.get("plateau"))
+    return {}
+
+
 def flat_metrics(manifest: dict) -> dict[str, float]:
     """Totals plus per-language figures as ``<lang>.<name>`` metrics."""
     out: dict[str, float] = {}
@@ -216,6 +232,9 @@ def stage_markdown(stage: str, art: Artifact, hit: bool, seconds: float, report,
         failed = art.manifest["failed_gates"]
         lines.append(f"- gates: {'all passed' if not failed else 'FAILED: ' + ', '.join(failed)}"
                      f" ({len(art.manifest.get('gates', []))} checked)")
+    plateau = art.manifest.get("plateau") if stage == "pretrain" else None
+    if plateau and plateau.get("fired"):     # the plateau detector (mlm_core.train.plateau): said loudly
+        lines.append(f"- **PLATEAU**: {plateau['message']}")
     counts = art.manifest.get("counts", {})
     if counts:
         lines.append("\n## Totals\n" + _table_md([counts]))

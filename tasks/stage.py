@@ -104,7 +104,9 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
                 log.warning("evaluate: tagging the model version failed: %s", tag_exc)
         publish.stage_failed(name, plans[name].fingerprint, exc.report, tracker.run_url(run_id))
         raise
-    except BaseException:
+    except BaseException as exc:
+        # an engine error may carry tags for the failed run (pretrain's PlateauError: plateau=true, its step)
+        tracker.set_stage_tags(live, getattr(exc, "run_tags", None) or {})
         tracker.fail_stage(live, ended=time.time())
         raise
     t1 = time.time()       # the stage's run spans t0..t1 (the real work), not the logging below
@@ -114,6 +116,7 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
     tags = {"validation": ("passed" if report.success else "failed") if report else "cached"}
     if report is not None and report.failed_warnings:
         tags["validation_warnings"] = str(len(report.failed_warnings))
+    tags |= publish.run_tags(name, art)
     dicts = {"manifest.json": art.manifest}
     if report is not None:
         dicts["validation/result.json"] = report.to_json()

@@ -7,7 +7,8 @@ most of them in every language), which checks:
   pretrain validation (zh's 5% hash split alone held ~150 tokens: one packed row, 16 positions);
 - the demo's gates include the bootstrap-interval gate in all seven languages, each judged on the evaluate
   stage's interval, and a barely trained demo model fails it (is not promoted);
-- transfer's source score comes from held-out data, not the training file.
+- transfer's source score comes from held-out data, not the training file;
+- the plateau detector flags the 20-step model (and, unshortened, not the demo model).
 ``MLM_FULL_DEMO_TEST=1`` runs the demo unshortened and also requires every demo gate to pass, as `make demo`
 does before it promotes the model to `champion`.
 """
@@ -63,6 +64,19 @@ def test_the_demo_gates_judge_the_interval(demo_run):
     else:        # 20 steps: near the unigram baseline, not beyond the noise: not promoted
         assert not arts["register"].manifest["passed"]
         assert any(n.startswith("top1_over_baseline_ci_above/") for n in arts["register"].manifest["failed_gates"])
+
+
+def test_the_plateau_detector_fires_on_a_20_step_demo_model_not_on_the_demo_model(demo_run):
+    """pretrain.plateau (default: judged from half the run on): the 20-step model still scores [MASK] like the
+    unigram baseline and is flagged in eval.json and the manifest; the demo model (MLM_FULL_DEMO_TEST=1) is not."""
+    lc, arts, _ = demo_run
+    rec = json.loads((arts["pretrain"].path / "eval.json").read_text())["plateau"]
+    assert rec == arts["pretrain"].manifest["plateau"] and rec["step"] == lc.config.pretrain.steps
+    assert set(rec["figures"]) == set(lc.config.languages)
+    if FULL:
+        assert not rec["fired"] and all(f["ci"][0] > 0 for f in rec["figures"].values()), rec["figures"]
+    else:
+        assert rec["fired"] and rec["languages"] and "pretrain.model.position=rotary" in rec["message"]
 
 
 def test_transfer_source_score_is_held_out(demo_run):

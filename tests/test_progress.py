@@ -129,8 +129,11 @@ def test_pretrain_emits_progress_and_leaves_metrics_unchanged(tmp_path, monkeypa
     first = progress_records[0]
     assert re.search(r"loss \d", first) and " tok/s " in first and "ETA " in first
     val = [ln for ln in progress_records if ln.startswith("pretrain validation: step 2: ")]
-    assert val and "acc by language: en " in val[0]
-    assert "val acc" in progress_records[-1]
+    # led by [MASK]-only top-1 vs the baseline on the same positions (the all-target figures come after)
+    assert val and re.match(r"pretrain validation: step 2: \[MASK\] top-1 \d\.\d{3} vs unigram baseline \d\.\d{3} "
+                            r"\(mean over 3 languages\); by language: en \d\.\d{3} vs \d\.\d{3} \(\d+ distinct\)", val[0])
+    assert val[0].index("[MASK] top-1") < val[0].index("all 80/10/10 targets: loss")
+    assert "val [MASK] acc" in progress_records[-1]
     monkeypatch.setenv("MLM_PROGRESS", "off")
     n = len(progress_records)
     run(cfg, shards, tmp_path / "off")
@@ -185,6 +188,9 @@ def test_progress_lines_reach_the_prefect_run_log(prefect_harness):
             p = Progress("normalize", 2, unit="partitions", stream=io.StringIO(), tty=False, interval=0)
             p.update(1, note="en")
             p.close()
+            # the engine's warnings too (the pretrain plateau detector logs on mlm_core.train.loop), not its INFO
+            logging.getLogger("mlm_core.train.loop").warning("pretrain PLATEAU at step 10 of 20")
+            logging.getLogger("mlm_core.train.loop").info("an engine info line")
         return str(get_run_context().task_run.flow_run_id)
 
     @flow
@@ -199,9 +205,12 @@ def test_progress_lines_reach_the_prefect_run_log(prefect_harness):
     async def read():
         async with get_client() as c:
             return await c.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
-    msgs = [lg.message for lg in asyncio.run(read()) if lg.name == LOGGER_NAME]
+    logs = asyncio.run(read())
+    msgs = [lg.message for lg in logs if lg.name == LOGGER_NAME]
     assert any(m.startswith("normalize 1/2 partitions (50.0%) en") for m in msgs), msgs
     assert any(m.endswith("(done)") for m in msgs)
+    engine = [(lg.level, lg.message) for lg in logs if lg.name == "mlm_core.train.loop"]
+    assert engine == [(logging.WARNING, "pretrain PLATEAU at step 10 of 20")], engine
     with to_run_log() as h:                         # outside a run: console only, nothing attached
         assert h is None
 
@@ -226,6 +235,24 @@ def test_torchrun_launcher_shows_progress_from_rank0_records():
     assert lines[1] == ("pretrain validation: step 60: mean over 2 languages loss 2.5 acc 0.300 "
                         "(unigram baseline 0.100); acc by language: en 0.250 fr 0.350")
     assert lines[2].endswith("| val acc 0.300 loss 2.5 @ 60 (done)")
+
+
+def test_torchrun_launcher_leads_with_mask_accuracy_and_shows_the_plateau():
+    """Records with [MASK]-only figures: the launcher's validation line leads with them; a worker's plateau
+    flag (train.plateau) is on the line and the status line."""
+    from mlm_core.progress import RecordFeed
+    clock, out = Clock(), io.StringIO()
+    feed = RecordFeed("pretrain", 100, stream=out, tty=False, interval=10, clock=clock)
+    feed.record({"type": "train", "step": 60, "loss": 2.5, "tokens": 60 * 512})
+    feed.record({"type": "eval", "step": 60, "en.val_loss": 2.0, "en.val_acc": 0.12, "en.val_baseline_acc": 0.045,
+                 "en.val_mask_acc": 0.041, "en.val_mask_baseline_acc": 0.043, "en.val_distinct_predictions": 3,
+                 "plateau": 1, "plateau_languages": "en"})
+    feed.close()
+    lines = out.getvalue().splitlines()
+    assert lines[-2] == ("pretrain validation: step 60: [MASK] top-1 0.041 vs unigram baseline 0.043 "
+                         "(mean over 1 languages); by language: en 0.041 vs 0.043 (3 distinct); all 80/10/10 targets: "
+                         "loss 2 acc 0.120 | PLATEAU in en")
+    assert lines[-1].endswith("| val [MASK] acc 0.041 (baseline 0.043) loss 2 @ 60 | PLATEAU en (done)")
 
 
 def test_a_loop_done_before_its_first_line_leaves_nothing():

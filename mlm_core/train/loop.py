@@ -33,6 +33,7 @@ from mlm_core.config import PretrainConfig, field_effect, trajectory_view
 from mlm_core.model.electra import ElectraModel  # noqa: F401 - re-exported (mlm_core.train.loop.ElectraModel)
 from mlm_core.progress import Progress, validation_summary
 from mlm_core.train import checkpoint as ckpt
+from mlm_core.train import plateau
 from mlm_core.train.evaluator import Evaluator, derive
 from mlm_core.train.objectives import objective_for, objective_of
 from mlm_core.train.optim import build_optimizer
@@ -205,6 +206,16 @@ def _restore(found, arch: dict, fp: str, rank: int, *, core, opt, sched, gens, s
     return st["state"]
 
 
+def _plateau_alarm(rec: dict, cfg: PretrainConfig, rank: int, checkpoint: Callable[[], Path | None]) -> None:
+    """The detector fired: a WARNING (the ``mlm_core`` logger; tasks/ forwards it to the Prefect run log); with
+    pretrain.plateau.stop_on_plateau, keep this step's checkpoint and stop with ``PlateauError``."""
+    if rank == 0:
+        log.warning("%s", rec["message"])
+    if cfg.plateau.stop_on_plateau:
+        checkpoint()
+        raise plateau.PlateauError(plateau.stop_message(rec), rec)
+
+
 # ------------------------------------------------------------------------------------------------ the loop
 def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: int = 0, rank: int = 0,
           world_size: int = 1, local_rank: int = 0, resume: bool = True,
@@ -283,6 +294,7 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     progress = Progress("pretrain", end, done=step, tokens=tokens, 
                         enabled=None if show_progress and rank == 0 else False)
     last_eval: dict = {}
+    plateau_rec = None                              # the plateau detector's last judgement (train.plateau)
     final_loss = None
     win_t0, win_steps = time.perf_counter(), 0
     model.train()
@@ -350,9 +362,13 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
                 feed.t_data = feed.t_mask = 0.0
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 last_eval = evaluator(core, device, cfg.precision)
+                judged = plateau.check(last_eval, step, cfg)     # pretrain.plateau (None before its share)
+                plateau_rec = judged or plateau_rec
                 emit({"type": "eval", "step": step, **{f"{lg}.val_{k}": v for lg, r in last_eval.items()
-                                                       for k, v in r.items() if k != "n"}})
-                progress.validation(*validation_summary(last_eval, step))
+                                                       for k, v in r.items() if k != "n"}, **plateau.fields(judged)})
+                progress.validation(*plateau.summary(validation_summary(last_eval, step), judged))
+                if judged and judged["fired"]:
+                    _plateau_alarm(judged, cfg, rank, lambda: save(step))
             if step % cfg.checkpoint_every == 0 or step == end:
                 last_ckpt = save(step)
             progress.update(step, loss=final_loss, tokens=tokens)
@@ -363,10 +379,13 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
         final_loss = _last_train_loss(metrics_path) if rank == 0 else None
         if step >= cfg.steps:
             last_eval = evaluator(core, device, cfg.precision)
+            plateau_rec = plateau.check(last_eval, step, cfg)
+            if plateau_rec and plateau_rec["fired"]:
+                _plateau_alarm(plateau_rec, cfg, rank, lambda: last_ckpt)
     return {"step": step, "tokens": tokens, "final_loss": final_loss, "eval": last_eval,
             "baseline": {lg: r["baseline_acc"] for lg, r in last_eval.items()}, "unigram_top": evaluator.top,
             "checkpoint": str(last_ckpt) if last_ckpt else None, "completed": step >= cfg.steps,
-            "resumed_from": resumed, "arch": arch, "config_fingerprint": fp}
+            "resumed_from": resumed, "arch": arch, "config_fingerprint": fp, "plateau": plateau_rec}
 
 
 __all__ = ["train", "build_model", "ElectraModel", "Evaluator", "resolve_device", "train_fingerprint", "PEAK_FLOPS"]

@@ -11,7 +11,9 @@ Out (in ``out_dir``):
                       fine-tune; scored by evaluate's replaced-token detection metrics
   tokenizer.json      copied from the tokenizer stage
   metrics.jsonl       one record per log step / eval pass (see ``loop``)
-  eval.json           per-language validation loss and masked accuracy, and the unigram baseline accuracy
+  eval.json           per-language validation loss and masked accuracy (all 80/10/10 targets, and [MASK]-only
+                      with its interval over the baseline), the unigram baseline accuracy, and the plateau
+                      detector's last judgement ("plateau": ``train.plateau``; null before its share / when off)
   hf/                 a transformers folder of the model's family when the architecture exports (else a note):
                       ``BertForMaskedLM`` for this pipeline's own models; with ``pretrain.init_from`` the
                       checkpoint's family (RoBERTa in, ``RobertaForMaskedLM`` out; ...). ELECTRA:
@@ -164,7 +166,8 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
         shutil.copyfile(work / "metrics.jsonl", out_dir / "metrics.jsonl")
     evals, baseline = result["eval"], result["baseline"]
     write_json_atomic(out_dir / "eval.json", {"step": result["step"], "eval": evals, "baseline": baseline,
-                                              "unigram_top": result.get("unigram_top", {})})
+                                              "unigram_top": result.get("unigram_top", {}),
+                                              "plateau": result.get("plateau")})
     export, note = None, None
     if electra:
         from mlm_core.model.export_electra import DISCRIMINATOR_DIR, GENERATOR_DIR, export_electra
@@ -193,6 +196,8 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
     for lg, r in evals.items():
         metrics |= {f"{lg}.val_loss": r["loss"], f"{lg}.val_acc": r["acc"], f"{lg}.baseline_acc": r["baseline_acc"]}
         metrics |= {f"{lg}.val_{k}": r[k] for k in ("disc_acc", "disc_auc", "disc_baseline_acc") if k in r}
+        metrics |= {f"{lg}.val_{k}": r[k] for k in ("mask_acc", "mask_baseline_acc", "mask_n", "distinct_predictions",
+                                                     "mask_over_baseline_ci_low", "mask_over_baseline_ci_high") if k in r}
     if init is not None:        # where training started (the content hash is in the fingerprint's inputs)
         from mlm_core.external import cache_dir, content_hash
         extra["init_from"] = {"ref": cfg.init_from, "content_hash": content_hash(init.folder, cache_dir(lc)),
@@ -202,7 +207,8 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
             "tokens": result["tokens"], "final_loss": result["final_loss"], "eval": evals, "baseline": baseline,
             "beats_baseline": beats, "export": export, "export_note": note,
             "counts": {"steps": result["step"], "tokens": result["tokens"], "params": params},
-            "metrics": metrics, "checkpoint_dir": str(work), "resumed_from": result.get("resumed_from"), **extra}
+            "metrics": metrics, "checkpoint_dir": str(work), "resumed_from": result.get("resumed_from"),
+            "plateau": result.get("plateau"), **extra}
 
 
 __all__ = ["run_pretrain", "default_checkpoint_dir", "trajectory_key"]
