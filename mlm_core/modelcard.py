@@ -128,6 +128,10 @@ def _evaluation_section(ev: dict) -> list[str]:
             score = _get(t, "score")
             gap = transfer_gap(src, score) if isinstance(src, (int, float)) and isinstance(score, (int, float)) else None
             rows.append([task, lang, score, gap, _get(t, "untrained_score"), _gain_cell(t)])
+        zs = _get(r, "zero_shot")
+        if isinstance(zs, dict):
+            rows.append([task, f"zero-shot mean ({len(zs.get('targets') or [])} targets)", _get(zs, "score"), DASH,
+                         _get(zs, "untrained_score"), _gain_cell(zs)])
     out += _table(["task", "language", "score", "gap (source − target)", "untrained encoder",
                    "gain over untrained [95% CI]"], rows)
     return out + [""] + _efficiency_section(_get(ev, "efficiency") or {})

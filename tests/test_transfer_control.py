@@ -113,6 +113,25 @@ def test_paired_gain_matches_a_hand_computed_bootstrap():
         paired_gain(pred, ctrl, gold, groups[:-1], seed=0)
 
 
+
+def test_zero_shot_mean_gain_averages_the_targets_replicates():
+    """Two targets of three sentences each: the mean gain's interval comes from the per-target replicates (the
+    same draws for both: parallel sentences resampled jointly), averaged; computed here with numpy."""
+    from mlm_core.evaluate.control import mean_gain
+    from mlm_core.evaluate.intrinsic import BOOTSTRAP_SAMPLES
+    gold = ["A", "B", "A", "C"]
+    t1 = (["A", "B", "A", "A"], ["A", "A", "A", "C"], gold, [0, 1, 1, 2])   # 3/4 vs 3/4
+    t2 = (["A", "B", "C", "C"], ["B", "B", "C", "A"], gold, [0, 0, 1, 2])   # 3/4 vs 1/4
+    r = mean_gain([t1, t2], seed=4)
+    assert r["score"] == 0.75 and r["untrained_score"] == 0.5 and r["gain_over_untrained"] == 0.25
+    draws = np.random.default_rng(4).integers(0, 3, size=(BOOTSTRAP_SAMPLES, 3))
+    d1, n1 = np.array([0.0, 1.0, -1.0]), np.array([1.0, 2.0, 1.0])     # per sentence: sum of d, words
+    d2, n2 = np.array([1.0, 0.0, 1.0]), np.array([2.0, 1.0, 1.0])
+    reps = (d1[draws].sum(1) / n1[draws].sum(1) + d2[draws].sum(1) / n2[draws].sum(1)) / 2
+    lo, hi = np.quantile(reps, [0.025, 0.975])
+    assert (r["gain_over_untrained_ci_low"], r["gain_over_untrained_ci_high"]) == (round(lo, 5), round(hi, 5))
+
+
 # ---- the control, reported; predictions.parquet -------------------------------------------------------------
 def test_control_reported_and_predictions_recompute_the_scores(model_dir, shared_data, tmp_path, monkeypatch):
     """A 24-subword input so that long PUD sentences are windowed; fr, and the English PUD as the source target."""
@@ -129,6 +148,9 @@ def test_control_reported_and_predictions_recompute_the_scores(model_dir, shared
     import pyarrow.parquet as pq
     table = pq.read_table(pq_path).to_pylist()
     assert rep["untrained"]["finetuned_sha256"] != rep["finetuned_sha256"]
+    zs = rep["zero_shot"]            # the source language's target is not a zero-shot one: fr alone
+    assert zs["targets"] == ["fr"] and zs["untrained_score"] == rep["targets"]["fr"]["untrained_score"]
+    assert zs["gain_over_untrained_ci_low"] == rep["targets"]["fr"]["gain_over_untrained_ci_low"]
     assert rep["untrained"]["source_score"] == rep["targets"]["en"]["untrained_score"]
     for lang, path in (("fr", fr), ("en", en)):
         t = rep["targets"][lang]

@@ -21,6 +21,8 @@ and its interval.
   ``intrinsic.BOOTSTRAP_SAMPLES`` replicates resamples the sentences with replacement and takes
   sum(d) / words over the drawn sentences (``intrinsic.bootstrap_ci``, seeded with the run's training seed, so
   the interval is a function of the config). For sentence classification each example is its own sentence.
+- ``zero_shot``: the mean over the targets other than the source language of score, untrained_score and gain,
+  with an interval from the per-target replicates averaged (``mean_gain``).
 """
 from __future__ import annotations
 
@@ -59,6 +61,25 @@ def paired_gain(pred: list, untrained: list, gold: list, groups: list[int], seed
             "gain_over_untrained_ci_low": r(lo), "gain_over_untrained_ci_high": r(hi)}
 
 
+def mean_gain(parts: list[tuple], seed: int) -> dict:
+    """The zero-shot mean over targets: per target (pred, untrained, gold, groups), the unweighted mean of the
+    targets' scores, untrained scores and gains, and a 95% interval of the mean gain: the replicates of each
+    target's sentence bootstrap (``intrinsic.bootstrap_replicates``, the same seed for every target, so the
+    parallel PUD treebanks, the same sentences in every language, are resampled jointly) averaged over targets."""
+    from mlm_core.evaluate.intrinsic import bootstrap_replicates
+    scores, untrained, reps = [], [], []
+    for pred, ctrl, gold, groups in parts:
+        a, b = correct(pred, gold), correct(ctrl, gold)
+        scores.append(float(a.mean()))
+        untrained.append(float(b.mean()))
+        reps.append(bootstrap_replicates(np.asarray(groups), a - b, seed))
+    lo, hi = np.quantile(np.mean(reps, axis=0), [0.025, 0.975])
+    n = len(parts)
+    return {"score": round(sum(scores) / n, ROUND), "untrained_score": round(sum(untrained) / n, ROUND),
+            "gain_over_untrained": round(sum(scores) / n - sum(untrained) / n, ROUND),
+            "gain_over_untrained_ci_low": round(float(lo), ROUND), "gain_over_untrained_ci_high": round(float(hi), ROUND)}
+
+
 def attach(report: dict, reported: dict[str, str], source_key: str, pred: dict, control: tuple, gold: dict,
            groups: dict, seed: int) -> dict:
     """Add the control to a task ``report`` (``transfer.finish_report``'s) in place and return it.
@@ -67,7 +88,8 @@ def attach(report: dict, reported: dict[str, str], source_key: str, pred: dict, 
     ``groups``: per split key, flat over its items); ``source_key``: the split the source score comes from;
     ``control``: (FitResult, weights digest, predictions per split key) of the untrained encoder. Each target gets
     ``paired_gain``; the report gets ``untrained`` (its source and validation scores, epochs, steps, history,
-    digest) and ``source_gain_over_untrained``."""
+    digest), ``source_gain_over_untrained`` and, over the targets other than the source language,
+    ``zero_shot`` (``mean_gain``, with the target list)."""
     res, digest, c_pred = control
     for lang, key in reported.items():
         report["targets"][lang].update(paired_gain(pred[key], c_pred[key], gold[key], groups[key], seed))
@@ -76,9 +98,13 @@ def attach(report: dict, reported: dict[str, str], source_key: str, pred: dict, 
                            "best_epoch": res.best_epoch, "steps": res.steps, "history": res.history,
                            "finetuned_sha256": digest}
     report["source_gain_over_untrained"] = {k: src[k] for k in CONTROL_KEYS[1:]}
+    zero_shot = sorted(lang for lang in reported if lang != report["source_lang"])
+    if zero_shot:
+        parts = [(pred[reported[k]], c_pred[reported[k]], gold[reported[k]], groups[reported[k]]) for k in zero_shot]
+        report["zero_shot"] = {"targets": zero_shot, **mean_gain(parts, seed)}
     return report
 
 
 CONTROL_KEYS = ("untrained_score", "gain_over_untrained", "gain_over_untrained_ci_low", "gain_over_untrained_ci_high")
 
-__all__ = ["CONTROL_KEYS", "attach", "correct", "paired_gain", "untrained_like"]
+__all__ = ["CONTROL_KEYS", "attach", "correct", "mean_gain", "paired_gain", "untrained_like"]

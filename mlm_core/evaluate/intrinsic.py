@@ -201,10 +201,17 @@ def bootstrap_ci(groups: np.ndarray, values: np.ndarray, seed: int = 0, n_boot: 
     sum(values) / count over the drawn positions; the interval is the (1-level)/2 and (1+level)/2 quantiles
     (numpy's default linear interpolation) of ``n_boot`` replicates drawn from ``default_rng(seed)`` as
     ``integers(0, G, size=(n_boot, G))``. Vectorized through per-group sums, in blocks of replicates."""
-    groups = np.asarray(groups, dtype=np.int64)
-    values = np.asarray(values, dtype=np.float64)
     if len(values) == 0:
         return None, None
+    q = np.quantile(bootstrap_replicates(groups, values, seed, n_boot), [(1 - level) / 2, (1 + level) / 2])
+    return float(q[0]), float(q[1])
+
+
+def bootstrap_replicates(groups: np.ndarray, values: np.ndarray, seed: int = 0,
+                         n_boot: int = BOOTSTRAP_SAMPLES) -> np.ndarray:
+    """The ``n_boot`` replicate statistics behind ``bootstrap_ci`` (same draws, same order)."""
+    groups = np.asarray(groups, dtype=np.int64)
+    values = np.asarray(values, dtype=np.float64)
     _, g = np.unique(groups, return_inverse=True)
     G = int(g.max()) + 1
     sums, counts = np.bincount(g, weights=values, minlength=G), np.bincount(g, minlength=G).astype(np.float64)
@@ -215,8 +222,7 @@ def bootstrap_ci(groups: np.ndarray, values: np.ndarray, seed: int = 0, n_boot: 
     for i in range(0, n_boot, block):
         d = draws[i: i + block]
         stats[i: i + block] = sums[d].sum(1) / counts[d].sum(1)
-    q = np.quantile(stats, [(1 - level) / 2, (1 + level) / 2])
-    return float(q[0]), float(q[1])
+    return stats
 
 
 # ------------------------------------------------------------------------------------------ plot
@@ -341,5 +347,5 @@ def load_discriminator(model_dir: Path):
     return disc.eval()
 
 
-__all__ = ["bootstrap_ci", "evaluate_intrinsic", "expected_calibration_error", "rank_metrics", "unigram_counts", "frequency_ranks",
+__all__ = ["bootstrap_ci", "bootstrap_replicates", "evaluate_intrinsic", "expected_calibration_error", "rank_metrics", "unigram_counts", "frequency_ranks",
            "reliability_plot", "run_intrinsic", "special_ids_from_manifest", "validation_texts"]

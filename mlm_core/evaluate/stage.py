@@ -107,6 +107,10 @@ def flat_metrics(result: dict) -> dict[str, float]:
         for k in ("score", "gap", "macro_f1", *CONTROL_KEYS):
             if isinstance(row.get(k), (int, float)):
                 out[f"{row['task']}.{row['lang']}.{k}"] = float(row[k])
+    for task, t in sorted(result.get("transfer", {}).items()):       # zero-shot mean vs the untrained control
+        for k, v in ((t.get("zero_shot") or {}) if isinstance(t, dict) else {}).items():
+            if isinstance(v, (int, float)):
+                out[f"{task}.zero_shot.{k}"] = float(v)
     for task, t in sorted(result.get("transfer", {}).items()):       # cross-validation: mean and std over folds
         for m, v in ((t.get("cv") or {}) if isinstance(t, dict) else {}).items():
             if isinstance(v, dict) and {"mean", "std"} <= set(v):
