@@ -34,6 +34,11 @@ class ModelConfig(Section):
     position: Literal["learned", "sinusoidal", "rotary"] = Field(
         default="learned", description="Position encoding. sinusoidal exports as a fixed learned table; rotary (post-LN) exports as RoFormerForMaskedLM.",
         json_schema_extra={"effect": "output"})
+    position_init: Literal["normal", "sinusoidal"] = Field(
+        default="normal", description="position: learned only: the table's initial values. normal: BERT's "
+        "N(0, 0.02); sinusoidal: Vaswani et al.'s table scaled to the same per-entry RMS (0.02), then learned: "
+        "starts with a position signal the model can read at once and still exports to BERT.",
+        json_schema_extra={"effect": "output", "omit_default": True})
     norm: Literal["post", "pre"] = Field(default="post", description="post-LN = BERT / RoFormer (exports); pre-LN trains more stably, no BERT export (family modernbert is pre-LN and exports).",
         json_schema_extra={"effect": "output"})
     tie_embeddings: bool = Field(default=True, description="Tie the MLM output projection to the input embeddings.",
@@ -74,6 +79,9 @@ class ModelConfig(Section):
     def _heads(self) -> "ModelConfig":
         if self.hidden is not None and self.heads is not None and self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.position_init != "normal" and self.position != "learned":
+            raise ValueError(f"position_init {self.position_init!r} initialises a learned position table; "
+                             f"position is {self.position!r} (set position: learned, or drop position_init)")
         # ModernBERT keeps its window (128) whatever the context: a window wider than the sequence is then global
         wide = self.window > self.max_positions and self.family != "modernbert"
         if self.attention == "local_global" and (self.window % 2 or wide):
@@ -243,6 +251,11 @@ class PretrainConfig(Section):
         "2000 micro-batches (shorter runs finish sooner without the ~1 min compile); on: always (an error where "
         "it cannot run); off: eager. Speed only: losses agree with eager to float rounding (on CUDA the "
         "compiled run draws other dropout masks). Off under torchrun.", json_schema_extra={"effect": "none"})
+    threads: int | None = Field(
+        default=None, ge=1, description="torch intra-op threads for CPU training (one process). None: "
+        "$OMP_NUM_THREADS when set, else the cores not busy with other runnable tasks when training starts, at "
+        "least 1 (mlm_core.train.threads): torch's default of one spinning thread per core ran 6x slower on a "
+        "shared 2-core machine.", json_schema_extra={"effect": "none", "omit_default": True})
     peak_flops: float | None = Field(
         default=None, gt=0, description="Declared peak FLOP/s per process for the MFU estimate (default: 175e9 on CPU, "
         "989e12 bf16 on H100/H200-class GPUs).", json_schema_extra={"effect": "none"})

@@ -60,4 +60,17 @@ def roformer_permutation(heads: int, head_dim: int) -> torch.Tensor:
     return (torch.arange(heads)[:, None] * head_dim + within[None, :]).reshape(-1)
 
 
-__all__ = ["sinusoidal_table", "rotary_cos_sin", "apply_rotary", "roformer_permutation"]
+def sinusoidal_position_init(core) -> None:
+    """pretrain.model.position_init=sinusoidal: every learned position table (both ELECTRA networks) starts as
+    the sinusoidal table scaled to BERT's init RMS (0.02 per entry; a sinusoid's RMS is 1/sqrt(2)), overwriting
+    the normal draw after it was made, so every later random draw is the same as with the normal init."""
+    for m in core.modules():
+        table = getattr(m, "pos_emb", None)
+        if isinstance(table, torch.nn.Embedding):
+            off = m.arch.position_offset
+            with torch.no_grad():
+                t = sinusoidal_table(table.weight.shape[0] - off, table.weight.shape[1]) * (0.02 * 2 ** 0.5)
+                table.weight[off:] = t.to(table.weight.dtype)
+
+
+__all__ = ["sinusoidal_position_init", "sinusoidal_table", "rotary_cos_sin", "apply_rotary", "roformer_permutation"]

@@ -57,6 +57,9 @@ def build_model(cfg: PretrainConfig, vocab_size: int, pad_id: int,
         core = build(cfg, init, special_ids)
     else:
         core = objective_for(cfg).build(vocab_size, pad_id, special_ids)
+        if cfg.model.position_init == "sinusoidal":
+            from mlm_core.model.positions import sinusoidal_position_init
+            sinusoidal_position_init(core)
     return core, objective_for(cfg).arch(core)
 
 
