@@ -88,6 +88,21 @@ class PipelineConfig(Section):
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig, description="Where data-stage partitions "
                                        "run (local pool or Dask); speed only, in no fingerprint.")
 
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str) -> str:
+        # a stage writes, cleans up and replaces folders under the workdir: never the filesystem root, the
+        # home folder or a folder above it (`workdir: ~` or `workdir: /` would scatter stage folders there)
+        from pathlib import Path
+        resolved = Path(v).expanduser().resolve()
+        home = Path.home().resolve()
+        if resolved == Path(resolved.anchor) or resolved == home or resolved in home.parents:
+            where = "the filesystem root" if resolved == Path(resolved.anchor) else (
+                "the home folder" if resolved == home else "a folder above the home folder")
+            raise ValueError(f"{v!r} resolves to {resolved}, {where}: stage outputs need a folder of their own "
+                             f"(e.g. workdir: .mlm)")
+        return v
+
     @field_validator("sources")
     @classmethod
     def _langs(cls, v: dict[str, LanguageSource]) -> dict[str, LanguageSource]:

@@ -103,14 +103,54 @@ def _walk_fields(loc: tuple, root: Any = PipelineConfig) -> list[str]:
         model, BaseModel) else []
 
 
+_YAML_BOOL = "tag:yaml.org,2002:bool"
+
+
+def yaml_bool_keys(text: str) -> dict[tuple, str]:
+    """Mapping keys that YAML 1.1 reads as booleans (``no``, ``yes``, ``on``, ``off``...), as they were written:
+    ``{(parent key path..., False): "no"}``. A language code ``no`` (Norwegian) is one of them."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    found: dict[tuple, str] = {}
+
+    def walk(node, path: tuple) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if not isinstance(k, yaml.ScalarNode):
+                    continue
+                key: Any = k.value
+                if k.tag == _YAML_BOOL:
+                    key = k.value.lower() in ("yes", "true", "on")
+                    found[path + (key,)] = k.value
+                walk(v, path + (key,))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                walk(v, path + (i,))
+
+    walk(root, ())
+    return found
+
+
+def _bool_key_line(path: str, loc: tuple, got: bool, words: dict[tuple, str]) -> str:
+    word = words.get(loc[:-1]) or ("no" if got is False else "yes")
+    where = ".".join(str(p) for p in loc[:-2])
+    return (f"{where}: YAML read the key `{word}` as {str(got).lower()} (a YAML 1.1 boolean): quote it, "
+            f'`"{word}":` (e.g. the language code "no")')
+
+
 def format_validation_error(err: ValidationError, source: str, root: Any = PipelineConfig,
-                            what: str = "config") -> str:
-    """One line per problem, naming the key path; ``root``: the model validated (the sweep file reuses this)."""
+                            what: str = "config", yaml_words: dict[tuple, str] | None = None) -> str:
+    """One line per problem, naming the key path; ``root``: the model validated (the sweep file reuses this);
+    ``yaml_words``: ``yaml_bool_keys`` of the source text (names the word a boolean key was written as)."""
     lines = []
     for e in err.errors():
         loc = tuple(e["loc"])
         path = ".".join(str(p) for p in loc) or "<root>"
-        if e["type"] == "extra_forbidden":
+        if loc and loc[-1] == "[key]" and isinstance(e.get("input"), bool):
+            lines.append(_bool_key_line(path, loc, e["input"], yaml_words or {}))
+        elif e["type"] == "extra_forbidden":
             valid = _walk_fields(loc[:-1], root)
             close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
             hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(valid)}"
@@ -132,8 +172,9 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"{p}: config file not found")
+        text = p.read_text(encoding="utf-8")
         try:
-            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+            raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
         if not isinstance(raw, dict):
@@ -141,6 +182,7 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         base = p.resolve().parent
         source = str(p)
     else:
+        text = None
         raw = json.loads(json.dumps(raw))
         base = Path(path).resolve().parent if path else Path.cwd()
         source = str(path) if path else "<config>"
@@ -149,7 +191,8 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
     try:
         cfg = PipelineConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source)) from None
+        raise ConfigError(format_validation_error(exc, source, yaml_words=yaml_bool_keys(text) if text else None)
+                          ) from None
     return LoadedConfig(cfg, Path(path) if path else None, base, tuple(overrides))
 
 
