@@ -18,6 +18,7 @@ from flows.cli_sweep import add_parser as add_sweep_parser  # stdlib only too
 from flows.cli_report import add_parser as add_report_parser  # stdlib only too
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+EXIT_CORRUPT = 1     # `mlm status` / `mlm verify`: a stored output does not match its manifest (README)
 
 
 def prepare_env(workdir: Path | None = None) -> None:
@@ -105,19 +106,35 @@ def cmd_status(args) -> int:
             rep = store.verify(r["stage"], r["fingerprint"], lc.config.verify)
             if not rep.ok:
                 r["status"], r["problems"] = "corrupt", [str(x) for x in rep.problems]
+    corrupt = [r["stage"] for r in rows if r["status"] == "corrupt"]
+    once = lc.config.verify == "once" and any(r["status"] == "done" for r in rows)
     if args.json:
         print(json.dumps(rows, indent=2))
-        return 0
+        return EXIT_CORRUPT if corrupt else 0
     print(f"{'stage':<12} {'status':<8} {'fingerprint':<17} {'size':>9}  path")
     for r in rows:
-        print(f"{r['stage']:<12} {r['status']:<8} {r['fingerprint']:<17} {_fmt_bytes(r['bytes']):>9}  {r['path']}")
+        shown = "done*" if once and r["status"] == "done" else r["status"]
+        print(f"{r['stage']:<12} {shown:<8} {r['fingerprint']:<17} {_fmt_bytes(r['bytes']):>9}  {r['path']}")
         for prob in r.get("problems", []):
             print(f"{'':<12} {prob}")
-    if any(r["status"] == "corrupt" for r in rows):
-        from mlm_core.commands import mlm_command
-        print(f"corrupt outputs: `{mlm_command('verify', lc.path, lc.overrides)}` lists every problem; "
-              f"`{_run_cmd(lc, '--only', 'STAGE', '--force')}` rebuilds one")
-    return 0
+    _status_notes(lc, rows, once, corrupt)
+    return EXIT_CORRUPT if corrupt else 0
+
+
+def _status_notes(lc, rows: list[dict], once: bool, corrupt: list[str]) -> None:
+    """Under the table: what `done*` does not cover, each failed attempt's folder, and the real rebuild commands."""
+    from mlm_core.commands import mlm_command
+    verify = mlm_command("verify", lc.path, lc.overrides)
+    if once:
+        print(f"* done: sizes checked, each file hashed once (verify: once): an edit that keeps a file's size and "
+              f"mtime is not detected; `{verify}` re-hashes every file")
+    for r in rows:
+        if r["status"] == "failed":
+            print(f"{r['stage']}: the last attempt failed; its partial output is kept in {r['path']} (removed "
+                  f"after a successful run); rerun with `{_run_cmd(lc, '--only', r['stage'])}`")
+    if corrupt:
+        print(f"corrupt outputs: `{verify}` lists every problem; rebuild with "
+              + "; ".join(f"`{_run_cmd(lc, '--only', st, '--force')}`" for st in corrupt))
 
 
 def cmd_verify(args) -> int:
@@ -152,8 +169,9 @@ def cmd_verify(args) -> int:
                 print(f"{'':<12} {prob}")
     if bad:
         print(f"error: {sum(len(r['problems']) for r in rows)} problem(s) in the stored output of "
-              f"{', '.join(bad)}; rebuild with `{_run_cmd(lc, '--only', 'STAGE', '--force')}`", file=sys.stderr)
-        return 1
+              f"{', '.join(bad)}; rebuild with "
+              + "; ".join(f"`{_run_cmd(lc, '--only', st, '--force')}`" for st in bad), file=sys.stderr)
+        return EXIT_CORRUPT
     return 0
 
 
@@ -345,8 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--force", action="store_true", help="recompute even when complete outputs exist")
     r.set_defaults(func=cmd_run)
 
-    s = with_config(sub.add_parser("status", help="show each stage as done / missing / stale / corrupt"),
-                    optional=True)
+    s = with_config(sub.add_parser("status", help="show each stage as done / missing / stale / failed / corrupt "
+                                   "(exit 1 when a stored output is corrupt)"), optional=True)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_status)
 

@@ -195,6 +195,13 @@ class Progress:
             if self.tty:
                 self._draw(self.line())
 
+    def say(self, text: str) -> None:
+        """A one-off line of its own (e.g. "resumed from step N"), printed at once whatever the interval."""
+        if self.on and not self.closed:
+            self._emit(text, console=True)
+            if self.tty and self.lines:
+                self._draw(self.line())
+
     def close(self, failed: bool = False) -> None:
         if self.closed:
             return

@@ -301,7 +301,12 @@ class StagePlan:
         return with_thresholds({"config": self.config}, self.thresholds)["config"]
 
     def as_row(self, store: StageStore) -> dict:
+        """``mlm status``'s row; not done but a failed attempt's partial output kept: ``failed``, at that path."""
         size = store.load(self.name, self.fingerprint).size_bytes() if self.status == "done" else None
+        failed = store.failed_dir(self.name, self.fingerprint) if self.status != "done" else None
+        if failed is not None and failed.is_dir():
+            return {"stage": self.name, "status": "failed", "fingerprint": self.fingerprint,
+                    "path": str(failed), "bytes": None}
         return {"stage": self.name, "status": self.status, "fingerprint": self.fingerprint,
                 "path": str(self.path), "bytes": size}
 
@@ -362,6 +367,17 @@ def execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: boo
         return _execute(lc, name, plans, force, check, store, hooks)
 
 
+def _load_verified(lc: LoadedConfig, store: StageStore, name: str, fp: str) -> Artifact:
+    """``store.load`` under the config's verify policy; a corrupt output's error gives the user's own rebuild
+    command (config path, overrides, the stage)."""
+    from mlm_core.commands import run_command
+    from mlm_core.store import CorruptOutputError
+    try:
+        return store.load(name, fp, verify=lc.config.verify)
+    except CorruptOutputError as exc:
+        raise CorruptOutputError(exc.report, run_command(lc, "--only", name, "--force")) from None
+
+
 def _execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: bool = False,
              check: Callable[[Path, dict], None] | None = None,
              store: StageStore | None = None, hooks: dict | None = None) -> tuple[Artifact, bool]:
@@ -376,12 +392,12 @@ def _execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: bo
     spec, p = STAGES[name], plans[name]
     if not force and store.is_complete(name, p.fingerprint):
         log.info("%s: cached (%s)", name, p.fingerprint)
-        return store.load(name, p.fingerprint, verify=lc.config.verify), True
+        return _load_verified(lc, store, name, p.fingerprint), True
     upstream = {}
     for u, ufp in p.upstream.items():
         if not store.is_complete(u, ufp):
             raise PlanError(f"stage {name!r} needs {u!r} output {ufp}, which is missing: run stage {u!r} first")
-        upstream[u] = store.load(u, ufp, verify=lc.config.verify)   # corrupt: CorruptOutputError
+        upstream[u] = _load_verified(lc, store, u, ufp)   # corrupt: CorruptOutputError
     # thresholds: those the output was validated against when written (a cache hit under others re-validates)
     base = {"config": p.config, "upstream": p.upstream, "code_version": spec.code_version,
             "output_key": p.output_key, "thresholds": p.thresholds}

@@ -138,9 +138,13 @@ class VerifyReport:
 class CorruptOutputError(StageError):
     """A stored stage output whose files differ from its manifest (edited, truncated, missing or extra files)."""
 
-    def __init__(self, report: VerifyReport):
+    def __init__(self, report: VerifyReport, command: str | None = None):
+        """``command``: the rebuild command as the user would type it (``commands.run_command``); without one
+        (no config at hand) the hint names the stage's folder and its stage."""
         self.report = report
-        super().__init__(f"{report.describe()}\nrebuild it with `mlm run <config> --only {report.stage} --force`")
+        hint = (f"rebuild it with `{command}`" if command else
+                f"rebuild it with `mlm run` on the config that wrote it, adding `--only {report.stage} --force`")
+        super().__init__(f"{report.describe()}\n{hint}")
 
 
 def verify_files(path: Path, manifest: dict, policy: VerifyPolicy = "once", stage: str = "?",
@@ -230,6 +234,10 @@ class StageStore:
     def out_dir(self, stage: str, fp: str) -> Path:
         return self.root / stage / fp
 
+    def failed_dir(self, stage: str, fp: str) -> Path:
+        """Where a failed run of this stage and fingerprint left its partial output (``write``)."""
+        return self.root / stage / f".failed-{fp}"
+
     def is_complete(self, stage: str, fp: str) -> bool:
         return (self.out_dir(stage, fp) / MANIFEST).is_file()
 
@@ -304,7 +312,7 @@ class StageStore:
                     check(tmp, manifest)
             except Exception as exc:
                 # keep what was written for inspection (e.g. the quarantine); never as a complete output
-                failed = final.parent / f".failed-{fp}"
+                failed = self.failed_dir(stage, fp)
                 shutil.rmtree(failed, ignore_errors=True)
                 tmp.rename(failed)
                 exc.add_note(f"{stage}: the unfinished output is kept for inspection in {failed}")
@@ -317,6 +325,7 @@ class StageStore:
             if final.exists():  # an identical output finished first, a corrupt one, or an incomplete folder
                 if (final / MANIFEST).is_file() and self.verify(stage, fp, "always").ok:
                     shutil.rmtree(tmp, ignore_errors=True)
+                    shutil.rmtree(self.failed_dir(stage, fp), ignore_errors=True)
                     return self.load(stage, fp)
                 # a forced rebuild of a corrupt output replaces it (moved aside first: a rename is atomic)
                 old = final.parent / f".old-{fp}-{uuid.uuid4().hex[:8]}"
@@ -324,6 +333,8 @@ class StageStore:
                 shutil.rmtree(old, ignore_errors=True)
             os.rename(tmp, final)
             fsync_dir(final.parent)
+            # an earlier failed attempt's partial output is superseded by this complete one
+            shutil.rmtree(self.failed_dir(stage, fp), ignore_errors=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

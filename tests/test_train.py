@@ -340,3 +340,14 @@ def test_resuming_on_more_ranks_seeds_each_new_rank(shards, tmp_path, monkeypatc
         states[rank] = torch.get_rng_state().clone()
         assert not torch.equal(states[rank], after_build), rank
     assert not torch.equal(states[1], states[2]) and not torch.equal(states[2], states[3])
+
+
+def test_resume_is_said_on_the_console(shards, tmp_path, capsys, monkeypatch):
+    """Issue 24 item 4: a resumed pretrain prints "resumed from step N" (not only an INFO log record)."""
+    monkeypatch.setenv("MLM_PROGRESS", "on")
+    cfg = tiny_cfg(steps=6, checkpoint_every=3)
+    run(cfg, shards[0], tmp_path, stop_after=3)
+    assert "resumed from step" not in capsys.readouterr().err
+    assert run(cfg, shards[0], tmp_path)["resumed_from"] == 3
+    err = capsys.readouterr().err
+    assert "pretrain: resumed from step 3 of 6" in err, err

@@ -9,6 +9,9 @@ import hashlib
 import json
 import os
 import shutil
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,6 +76,10 @@ def test_edited_docs_parquet_is_refused_by_the_next_stage(pipe):
     msg = str(exc.value)
     for part in ("stage 'normalize'", norm.fingerprint, "docs/en.parquet: sha256 mismatch", "--only normalize --force"):
         assert part in msg, msg
+    # the hint is the user's own command (issue 24 item 4), not `mlm run <config> ...`
+    hinted = msg.split("rebuild it with `", 1)[1].split("`", 1)[0]
+    assert shlex.split(hinted) == ["mlm", "run", str(lc.path), "--only", "normalize", "--force"]
+    assert "<config>" not in msg
     assert sorted((lc.workdir / "tokenizer").iterdir()) == before      # nothing was built from it
     # the suggested rebuild replaces the corrupt output, and the next stage then runs
     art, hit = stages.execute(lc, "normalize", plans, force=True)
@@ -125,21 +132,32 @@ def test_shard_reader_single_problems(pipe, damage):
         ShardDataset(path, verify="always")
 
 
+def _commands(text: str) -> list[list[str]]:
+    """Every `...` command in a hint, split as a shell would."""
+    return [shlex.split(c) for c in text.split("`")[1::2]]
+
+
 def test_status_says_corrupt_and_verify_lists_everything(pipe, capsys):
     from flows.cli import main
     lc, plans, cfg = pipe
     flip_byte(plans["normalize"].path / "docs" / "fr.parquet")
     (plans["tokenizer"].path / "stray.bin").write_bytes(b"\0")
-    assert main(["status", str(cfg)]) == 0
+    assert main(["status", str(cfg)]) == 1                 # corrupt is an exit status (issue 24 item 4)
     out = capsys.readouterr().out
     norm_line = next(line for line in out.splitlines() if line.startswith("normalize"))
     assert "corrupt" in norm_line and "docs/fr.parquet: sha256 mismatch" in out
     assert "stray.bin: unexpected extra file" in out
-    assert next(line for line in out.splitlines() if line.startswith("shards")).split()[1] == "done"
+    assert next(line for line in out.splitlines() if line.startswith("shards")).split()[1] == "done*"
+    hint = next(line for line in out.splitlines() if line.startswith("corrupt outputs"))
+    assert _commands(hint) == [["mlm", "verify", str(cfg)],
+                               ["mlm", "run", str(cfg), "--only", "normalize", "--force"],
+                               ["mlm", "run", str(cfg), "--only", "tokenizer", "--force"]]
     assert main(["verify", str(cfg)]) == 1
     cap = capsys.readouterr()
     assert "docs/fr.parquet: sha256 mismatch" in cap.out and "stray.bin: unexpected extra file" in cap.out
-    assert "2 problem(s)" in cap.err and "--only STAGE --force" in cap.err
+    assert "2 problem(s)" in cap.err and "STAGE" not in cap.err and "<config>" not in cap.err
+    assert _commands(cap.err) == [["mlm", "run", str(cfg), "--only", "normalize", "--force"],
+                                  ["mlm", "run", str(cfg), "--only", "tokenizer", "--force"]]
     assert main(["verify", str(cfg), "shards", "--json"]) == 0
     assert [r["status"] for r in json.loads(capsys.readouterr().out)] == ["ok"]
 
@@ -231,3 +249,58 @@ def test_unknown_policy_is_an_error(tmp_path):
     st, _ = hand_built(tmp_path)
     with pytest.raises(ValueError, match="verify policy 'sometimes'"):
         st.load("demo", "fp0", verify="sometimes")
+
+
+# ------------------------------------------------------------------------------------ issue 24 item 4
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
+                          env=env, cwd=cwd or REPO, timeout=300)
+
+
+def test_status_exit_status_in_a_real_process(pipe):
+    lc, plans, cfg = pipe
+    ok = _cli("status", str(cfg))
+    assert ok.returncode == 0, ok.stderr
+    # under the default verify: once, `done` carries a footnote saying what it does not see, once
+    assert ok.stdout.count("done*") == 3
+    foot = [line for line in ok.stdout.splitlines() if line.startswith("* done")]
+    assert len(foot) == 1 and "size and mtime is not detected" in foot[0]
+    assert _commands(foot[0]) == [["mlm", "verify", str(cfg)]]
+    flip_byte(plans["tokenizer"].path / "tokenizer.json")
+    bad = _cli("status", str(cfg))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "corrupt" in next(line for line in bad.stdout.splitlines() if line.startswith("tokenizer"))
+    assert _cli("status", str(cfg), "--json").returncode == 1
+    # verify: always never needs the footnote
+    assert "* done" not in _cli("status", str(cfg), "--set", "verify=always").stdout
+
+
+def test_failed_stage_shows_its_folder_and_a_success_removes_it(pipe, capsys):
+    from flows.cli import main
+    lc, plans, cfg = pipe
+    st = StageStore(lc.workdir)
+    fp = plans["pretrain"].fingerprint
+    failed = lc.workdir / "pretrain" / f".failed-{fp}"
+    failed.mkdir(parents=True)
+    (failed / "metrics.jsonl").write_text("{}\n")
+    main(["status", str(cfg)])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("pretrain")).split()
+    assert row[1] == "failed" and row[-1] == str(failed)
+    note = next(line for line in out.splitlines() if line.startswith("pretrain: the last attempt failed"))
+    assert str(failed) in note and _commands(note) == [["mlm", "run", str(cfg), "--only", "pretrain"]]
+    # the store itself: a failed write leaves .failed-<fp>, a successful one of the same fingerprint removes it
+
+    def boom(out: Path) -> dict:
+        (out / "part.txt").write_text("half")
+        raise RuntimeError("stopped")
+    with pytest.raises(RuntimeError):
+        st.write("demo", "fpx", boom, {})
+    assert (lc.workdir / "demo" / ".failed-fpx" / "part.txt").read_text() == "half"
+    st.write("demo", "fpx", lambda out: (out / "a.txt").write_text("ok") and {}, {})
+    assert not (lc.workdir / "demo" / ".failed-fpx").exists()
+    assert st.is_complete("demo", "fpx")

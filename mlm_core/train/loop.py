@@ -205,7 +205,7 @@ def _restore(found, arch: dict, fp: str, rank: int, *, core, opt, sched, gens, s
     if not st.get("rng_restored", True):
         seed_streams(gens, seed, rank, int(st["state"]["step"]))
     if rank == 0:
-        log.info("resumed from %s (step %d)", path, st["state"]["step"])
+        log.info("resumed from step %d (%s)", st["state"]["step"], path)
     return st["state"]
 
 
@@ -296,6 +296,8 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     # display only: nothing of it reaches metrics.jsonl or any other output
     progress = Progress("pretrain", end, done=step, tokens=tokens, 
                         enabled=None if show_progress and rank == 0 else False)
+    if found:                                       # said on the console, not only at INFO (issue 24 item 4)
+        progress.say(f"pretrain: resumed from step {resumed} of {end} ({found[0]})")
     last_eval: dict = {}
     plateau_rec = None                              # the plateau detector's last judgement (train.plateau)
     final_loss = None
