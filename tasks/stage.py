@@ -45,7 +45,17 @@ def revalidate(name: str, art, plan, seed: int):
     Returns the ValidationReport (None when nothing changed); raises ValidationFailed when it now fails."""
     if plan.thresholds == art.manifest.get("thresholds"):
         return None
-    return validate_stage(name, art.path, stages.with_thresholds(art.manifest, plan.thresholds), seed=seed)
+    manifest = stages.with_thresholds(art.manifest, plan.thresholds)
+    try:
+        return validate_stage(name, art.path, manifest, seed=seed)
+    except ValidationFailed as exc:
+        if name != "normalize" or exc.detail:
+            raise
+        from mlm_core.normalize.worst import worst_files_report     # name the worst files, as the first run does
+        detail = worst_files_report(art.path, float(manifest["config"]["normalize"]["max_quarantine_rate"]))
+        if not detail:
+            raise
+        raise ValidationFailed(exc.report, exc.out_dir, detail) from None
 
 
 def _logger():

@@ -116,9 +116,10 @@ class ValidationReport:
 class ValidationFailed(MlmError):
     """A critical expectation failed; ``.report`` holds the full ValidationReport."""
 
-    def __init__(self, report: ValidationReport, out_dir: Path | None = None):
+    def __init__(self, report: ValidationReport, out_dir: Path | None = None, detail: str = ""):
         self.report = report
         self.out_dir = out_dir
+        self.detail = detail     # what the stage itself can say about it (the normalize re-check: worst files)
         where = f" ({out_dir})" if out_dir else ""
         lines = [f"{report.stage} output{where} violates its data contract {report.suite}: "
                  f"{len(report.failed_critical)} critical expectation(s) failed"]
@@ -127,10 +128,10 @@ class ValidationFailed(MlmError):
         if report.failed_warnings:
             lines.append(f"  (and {len(report.failed_warnings)} warning(s): "
                          + ", ".join(f"[{r['table']}] {r['type']}" for r in report.failed_warnings) + ")")
-        super().__init__("\n".join(lines))
+        super().__init__("\n".join(([detail] if detail else []) + lines))
 
     def __reduce__(self):  # picklable across Prefect / process boundaries
-        return (type(self), (self.report, self.out_dir))
+        return (type(self), (self.report, self.out_dir, self.detail))
 
 
 # ---------------------------------------------------------------------------------------------------------------
