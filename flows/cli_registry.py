@@ -49,6 +49,7 @@ def cmd_promote(args) -> int:
     from tasks import aliases
     client = _client(args)
     name, alias = args.model, args.alias
+    aliases.require_model(client, name)     # not "no-such@candidate does not exist" for a model that is not there
     version = args.version
     if version is None:
         version = aliases.holder(client, name, "candidate")
@@ -68,6 +69,7 @@ def cmd_promote(args) -> int:
 def cmd_rollback(args) -> int:
     from tasks import aliases
     client = _client(args)
+    aliases.require_model(client, args.model)
     cur, target = aliases.rollback(client, args.model, args.alias, args.reason)
     print(f"{args.model}@{args.alias}: version {cur} -> {target} ({args.reason})")
     return 0

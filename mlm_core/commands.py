@@ -53,8 +53,10 @@ def default_config(cwd: str | Path | None = None, command: str = "mlm status") -
     looked = f"no config given, no ./{DEFAULT_NAMES[0]} in {root.resolve()}"
     if not rel:
         raise ConfigError(f"{command}: {looked}, and no {CONFIG_DIR}/*.yaml: name one, e.g. `{command} CONFIG`")
+    # none of them is singled out (the first in alphabetical order is no better a guess than the others)
     raise ConfigError(f"{command}: {looked}, and {len(rel)} configs in {CONFIG_DIR}/ ({', '.join(rel)}): "
-                      f"name one, e.g. `{command} {shlex.quote(rel[0])}`")
+                      f"name the one you mean, or put it at ./{DEFAULT_NAMES[0]}:\n"
+                      + "\n".join(f"  {command} {shlex.quote(r)}" for r in rel))
 
 
 __all__ = ["mlm_command", "run_command", "default_config"]

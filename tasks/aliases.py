@@ -3,10 +3,12 @@
 ``candidate``: the latest version that passed evaluation (version tag ``evaluation=passed``); ``champion``: a
 version that passed every promotion gate (``gates=passed``), or one promoted by hand with a reason. Every move
 is recorded on the version that receives the alias, as version tags (MLflow keeps no alias history itself):
-``alias.<a>.previous`` (the version that held it before, or ``none``), ``alias.<a>.by`` (pipeline / promote /
-rollback), ``alias.<a>.reason``, ``alias.<a>.at`` (UTC). ``rollback`` walks that chain back: the alias goes
-to the version that held it before (else to the newest older version that qualifies) and the version it
-leaves gets ``alias.<a>.rolled_back`` = the reason.
+``alias.<a>.previous`` (the version that held it before, or ``none``; after a rollback, the version it was
+rolled back from), ``alias.<a>.by`` (pipeline / promote / rollback), ``alias.<a>.reason``, ``alias.<a>.at``
+(UTC). ``rollback`` walks that chain back: the alias goes to the version that held it before (else to the
+newest older version that qualifies) and the version it leaves gets ``alias.<a>.rolled_back`` = the reason.
+A rollback keeps the chain: the receiving version's earlier ``previous`` moves to ``alias.<a>.previous_before``
+(the next rollback follows it, never back to a rolled-back version).
 """
 from __future__ import annotations
 
@@ -24,6 +26,20 @@ class AliasError(MlmError):
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def require_model(client, name: str) -> None:
+    """AliasError unless ``name`` is a registered model (listing the names there are)."""
+    from mlflow.exceptions import MlflowException
+    try:
+        client.get_registered_model(name)
+        return
+    except MlflowException as exc:
+        if exc.error_code not in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND", "INVALID_PARAMETER_VALUE"):
+            raise
+    names = sorted(m.name for m in client.search_registered_models(max_results=100))
+    raise AliasError(f"model {name!r} does not exist in the registry (registered models: "
+                     f"{', '.join(names) if names else 'none'})")
 
 
 def holder(client, name: str, alias: str) -> int | None:
@@ -58,13 +74,22 @@ def move(client, name: str, alias: str, version: int, by: str, reason: str, keep
     client.set_registered_model_alias(name, alias, str(version))
     tags = {f"alias.{alias}.by": by, f"alias.{alias}.reason": reason or "-", f"alias.{alias}.at": _now()}
     current = client.get_model_version(name, str(version)).tags or {}
-    if not keep_previous:
-        tags[f"alias.{alias}.previous"] = str(before) if before is not None else "none"
-    elif f"alias.{alias}.previous" not in current:    # a rollback never points back at the version it left
-        tags[f"alias.{alias}.previous"] = "none"
+    tags[f"alias.{alias}.previous"] = str(before) if before is not None else "none"
+    if keep_previous:    # a rollback: where the chain went on from this version (the next rollback follows it)
+        tags[f"alias.{alias}.previous_before"] = _chain(current, alias)
     for k, v in tags.items():
         client.set_model_version_tag(name, str(version), k, v)
+    if by != "rollback" and f"alias.{alias}.rolled_back" in current:   # given the alias again: in the chain again
+        client.delete_model_version_tag(name, str(version), f"alias.{alias}.rolled_back")
     return before
+
+
+def _chain(tags: dict, alias: str) -> str:
+    """The version that held ``alias`` before this one in the history: ``previous``, except after a rollback
+    (then ``previous`` is the version rolled back from, and the history goes on at ``previous_before``)."""
+    if tags.get(f"alias.{alias}.by") == "rollback":
+        return tags.get(f"alias.{alias}.previous_before", "none")
+    return tags.get(f"alias.{alias}.previous", "none")
 
 
 def remove(client, name: str, alias: str, reason: str) -> None:
@@ -82,11 +107,13 @@ def rollback_target(client, name: str, alias: str) -> tuple[int, int]:
     if cur is None:
         raise AliasError(f"{name}@{alias} does not exist: nothing to roll back")
     vs = versions(client, name)
-    prev = vs.get(cur, {}).get(f"alias.{alias}.previous", "none")
-    if prev.isdigit() and int(prev) in vs and int(prev) != cur:
+    prev = _chain(vs.get(cur, {}), alias)
+    if prev.isdigit() and int(prev) in vs and int(prev) != cur and \
+            f"alias.{alias}.rolled_back" not in vs[int(prev)]:
         return cur, int(prev)
     key, value = QUALIFIES.get(alias, ("gates", "passed"))
-    older = [v for v, tags in vs.items() if v < cur and tags.get(key) == value]
+    older = [v for v, tags in vs.items() if v < cur and tags.get(key) == value
+             and f"alias.{alias}.rolled_back" not in tags]
     if not older:
         raise AliasError(f"{name}@{alias} is version {cur}: no version held it before it and no older version has "
                          f"{key}={value}; move it by hand with `mlm promote {name} --alias {alias} --version N`")

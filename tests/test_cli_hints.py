@@ -112,3 +112,28 @@ def test_status_without_argument_finds_the_config(tmp_path, monkeypatch, capsys)
     _config(tmp_path, name="mlm.yaml")                             # ./mlm.yaml wins over configs/
     assert main(["status"]) == 0
     assert "using mlm.yaml" in capsys.readouterr().err
+
+
+def test_status_without_argument_with_the_shipped_configs(tmp_path):
+    """Issue 24 item 12: the repository's own configs/ (demo, adapt, real...): `mlm status` with no argument
+    fails (a real process) with every config as a command, none of them offered as "the" one."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    shipped = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
+    assert {"adapt.yaml", "demo.yaml", "real.yaml"} <= set(shipped)
+    (tmp_path / "configs").mkdir()
+    for name in shipped:
+        shutil.copy(REPO / "configs" / name, tmp_path / "configs" / name)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "status"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=120)
+    assert r.returncode == 2
+    assert f"{len(shipped)} configs in configs/" in r.stderr
+    lines = [line.strip() for line in r.stderr.splitlines()[1:]]
+    assert lines == [f"mlm status configs/{name}" for name in shipped], r.stderr
+    assert "e.g." not in r.stderr
+    assert "./mlm.yaml" in r.stderr
