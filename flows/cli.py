@@ -108,6 +108,7 @@ def cmd_status(args) -> int:
                 r["status"], r["problems"] = "corrupt", [str(x) for x in rep.problems]
     corrupt = [r["stage"] for r in rows if r["status"] == "corrupt"]
     once = lc.config.verify == "once" and any(r["status"] == "done" for r in rows)
+    registry = _registry_status(lc, rows)      # the registered version of the planned model, and its aliases
     if args.json:
         print(json.dumps(rows, indent=2))
         return EXIT_CORRUPT if corrupt else 0
@@ -117,6 +118,9 @@ def cmd_status(args) -> int:
         print(f"{r['stage']:<12} {shown:<8} {r['fingerprint']:<17} {_fmt_bytes(r['bytes']):>9}  {r['path']}")
         for prob in r.get("problems", []):
             print(f"{'':<12} {prob}")
+    if registry is not None:
+        from tasks.registry import registry_status_line
+        print(registry_status_line(registry))
     _status_notes(lc, rows, once, corrupt)
     return EXIT_CORRUPT if corrupt else 0
 
@@ -135,6 +139,21 @@ def _status_notes(lc, rows: list[dict], once: bool, corrupt: list[str]) -> None:
     if corrupt:
         print(f"corrupt outputs: `{verify}` lists every problem; rebuild with "
               + "; ".join(f"`{_run_cmd(lc, '--only', st, '--force')}`" for st in corrupt))
+
+
+def _registry_status(lc, rows: list[dict]) -> dict | None:
+    """The registry's view of the planned pretrain output (tasks.registry.registry_status), also put on the
+    register row for --json; None when pretrain is not done or nothing is registered anywhere yet."""
+    pre = next((r for r in rows if r["stage"] == "pretrain"), None)
+    if pre is None or pre["status"] != "done":
+        return None
+    prepare_env()
+    from tasks.registry import registry_status
+    info = registry_status(lc, pre["fingerprint"])
+    reg = next((r for r in rows if r["stage"] == "register"), None)
+    if info is not None and reg is not None:
+        reg["registry"] = info
+    return info
 
 
 def cmd_verify(args) -> int:
@@ -305,12 +324,16 @@ def cmd_run(args) -> int:
         guard.quiet_expected_tracebacks()
         ephemeral.start(lc.workdir)   # generous start-up timeout, under a lock, never orphaned (flows/ephemeral.py)
         overrides = list(args.set or [])
-        if args.only:
-            # the same as the stage's Prefect flow: reuse its complete output unless --force (flow: force)
-            results = STAGE_FLOWS[args.only](config_path=args.config, overrides=overrides, force=args.force)
-        else:
-            results = pipeline(config_path=args.config, overrides=overrides, from_stage=args.from_stage,
-                               force=args.force)
+        from mlm_core.errors import EXIT_GATES_FAILED, GatesFailed
+        try:
+            if args.only:
+                # the same as the stage's Prefect flow: reuse its complete output unless --force (flow: force)
+                results = STAGE_FLOWS[args.only](config_path=args.config, overrides=overrides, force=args.force)
+            else:
+                results = pipeline(config_path=args.config, overrides=overrides, from_stage=args.from_stage,
+                                   force=args.force)
+        except GatesFailed as exc:   # registry.fail_on_gates: the flow run ended Failed, the run itself is complete
+            results = exc.results
     finally:
         signals.restore(previous)
     print()
@@ -318,6 +341,12 @@ def cmd_run(args) -> int:
     for r in results:
         print(f"{r['stage']:<12} {'cached' if r['cache_hit'] else 'ran':<8} {r['fingerprint']:<17} "
               f"{r['seconds']:>8.1f}  {r['path']}")
+    from flows.pipeline import register_outcome
+    outcome = register_outcome(results)
+    if outcome is not None:      # the model's fate, not just "register ran": failed gates exit 3 (README)
+        print(f"register: {outcome[0]}")
+        if outcome[1]:
+            return EXIT_GATES_FAILED
     return 0
 
 

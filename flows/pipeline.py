@@ -75,6 +75,34 @@ def run_pipeline(config_path: str, overrides: list[str] | None = None, only: str
     return results
 
 
+def register_outcome(results: list[dict]) -> tuple[str, bool] | None:
+    """(line, gates failed?) for the register stage among ``results`` (None when it did not run): "registered
+    version N, gates FAILED (k of n): a, b" or "registered version N, gates passed (n of n)"."""
+    reg = next((r for r in results if r.get("stage") == "register" and r.get("gates")), None)
+    if reg is None:
+        return None
+    g, v = reg["gates"], reg.get("model_version")
+    head = f"registered version {v}" if v is not None else "not registered (tracking off)"
+    if g["failed"]:
+        return f"{head}, gates FAILED ({len(g['failed'])} of {g['n']}): {', '.join(g['failed'])}", True
+    return f"{head}, gates passed ({g['n']} of {g['n']})" + (" -> champion" if v is not None else ""), False
+
+
+def finish(results: list[dict], config_path: str, overrides: list[str] | None):
+    """The flow run's end: the results, in a Completed state whose message says the registered version and
+    its gates; on failed gates with ``registry.fail_on_gates``, GatesFailed (the flow run ends Failed)."""
+    outcome = register_outcome(results)
+    if outcome is None:
+        return results
+    from prefect.states import Completed
+
+    from mlm_core.errors import GatesFailed
+    line, failed = outcome
+    if failed and load_config(config_path, overrides or []).config.registry.fail_on_gates:
+        raise GatesFailed(line + " (registry.fail_on_gates: the flow run ends Failed)", results)
+    return Completed(message=line, data=results)
+
+
 def _selection_args(only: str | None, from_stage: str | None, force: bool) -> list[str]:
     return (["--only", only] if only else ["--from", from_stage] if from_stage else []) + (["--force"] if force else [])
 
@@ -92,7 +120,7 @@ def pipeline(config_path: ConfigPath = "configs/demo.yaml", overrides: Overrides
         from_stage: Rerun this stage and everything downstream of it (empty: run what is missing).
         force: Recompute every stage even when a complete stored output exists.
     """
-    return run_pipeline(config_path, overrides, from_stage=from_stage, force=force)
+    return finish(run_pipeline(config_path, overrides, from_stage=from_stage, force=force), config_path, overrides)
 
 
 def _stage_flow(stage: str):
@@ -101,7 +129,7 @@ def _stage_flow(stage: str):
 
     def run_one(config_path: ConfigPath = "configs/demo.yaml", overrides: Overrides = [],  # noqa: B006
                 force: Force = False) -> list[dict]:
-        return run_pipeline(config_path, overrides, only=stage, force=force)
+        return finish(run_pipeline(config_path, overrides, only=stage, force=force), config_path, overrides)
 
     run_one.__name__ = f"{stage}_flow"
     run_one.__doc__ = f"""{spec.summary[:1].upper()}{spec.summary[1:]}, from the stored upstream outputs.

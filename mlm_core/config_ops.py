@@ -62,6 +62,13 @@ class RegistryConfig(Section):
     model_name: str = Field(default="mlm-model", description="Registered model name.",
         json_schema_extra={"effect": "output"})
     gates: GatesConfig = Field(default_factory=GatesConfig, description="Promotion gates.")
+    fail_on_gates: bool = Field(
+        default=False, description="When a promotion gate fails, end the Prefect flow run Failed (state message "
+        "'registered version N, gates FAILED (k of n): ...') instead of Completed with that message. The model is "
+        "registered either way (no champion alias). Default off: interactive users want a failed-gate model "
+        "registered as a candidate to inspect, and `mlm run` already exits 3 when gates fail; turn it on for "
+        "scheduled runs (Prefect deployments), where only a Failed flow run raises an alert.",
+        json_schema_extra={"effect": "none"})
 
 
 class TrackingConfig(Section):

@@ -6,13 +6,22 @@ registered as a new version of ``registry.model_name``, tagged with the data, to
 and ``evaluation=pending``, described by the model card's summary; it gets no alias yet. After evaluate, the
 version is tagged ``evaluation=passed`` (alias ``candidate``: the latest version that passed) or
 ``evaluation=failed`` with the reasons (no alias). After register, the gates decide ``champion``.
+
+Concurrency: every registry write of a run (register, evaluation tags, gate tags and aliases) happens under a
+file lock per model name in the workdir (``registry_lock``), and registration is idempotent per pretrain
+fingerprint (tag ``pretrain_fingerprint``): two runs on one workdir register one version, the second waits
+for the first and reuses it. Without the lock both found no version and registered two (the first left at
+``evaluation=pending`` for ever), or one died on SQLite's UNIQUE constraint on ``model_version_tags``.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
+import os
 import re
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -39,12 +48,70 @@ def model_files(art: Artifact) -> tuple[list[Path], str, str]:
     return files, "model/weights", "model/weights"
 
 
+BARRIER_ENV = "MLM_TEST_REGISTRY_BARRIER"
+
+
+def _test_barrier() -> Path | None:
+    """Test hook: with ``$MLM_TEST_REGISTRY_BARRIER=FOLDER`` a run arriving at registration writes
+    ``FOLDER/<pid>.arrived`` (the time) and waits, up to 120 s, until two runs have arrived; so a test can make
+    two real runs reach registration together and prove they overlapped. Unset (always, outside tests): no-op."""
+    spec = os.environ.get(BARRIER_ENV)
+    if not spec:
+        return None
+    folder = Path(spec)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{os.getpid()}.arrived").write_text(repr(time.time()), encoding="utf-8")
+    deadline = time.monotonic() + 120
+    while len(list(folder.glob("*.arrived"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return folder
+
+
+@contextlib.contextmanager
+def registry_lock(lc, what: str) -> Iterator[bool]:
+    """Hold the workdir's lock on the registry writes for ``registry.model_name`` (yields True when another run
+    held it first); any failure inside becomes one RegistryError line naming the model, the step and the store."""
+    from mlm_core.locks import file_lock, lock_path
+    name = lc.config.registry.model_name
+    key = hashlib.sha256(name.encode("utf-8")).hexdigest()[:16]     # a name is free text: never a file name
+    with file_lock(lock_path(lc.workdir, f"registry-{key}"), f"registry ({name})",
+                   on_wait=lambda h: log.warning("registry: another run is writing model %r (%s); waiting for it, "
+                                                 "then reusing what it registered", name, h)) as waited:
+        try:
+            yield waited
+        except MlmError:
+            raise
+        except Exception as exc:
+            first = (str(getattr(exc, "message", "") or exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise RegistryError(f"registry: {what} for model {name!r} failed: {type(exc).__name__}: "
+                                f"{redact(first)[:300]} (store: {redact(str(_store_uri(lc)))}); rerun the same "
+                                f"command: finished stages are reused and registration is idempotent") from exc
+
+
+def _store_uri(lc) -> str | None:
+    try:
+        return tracking.resolve_tracking_uri(lc.config.tracking, lc.workdir)
+    except Exception:  # noqa: BLE001 - only for the error message
+        return None
+
+
 def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) -> int | None:
     """Log the model to ``run_id`` as an MLflow model and register it; returns the new version (None if tracking
-    is off). A model already registered for this fingerprint is not registered twice (a cached rerun). No
-    alias: ``candidate`` waits for the evaluate stage (``after_evaluate``)."""
+    is off). Idempotent per pretrain fingerprint, under ``registry_lock``: a model already registered for this
+    fingerprint (a cached rerun, or a concurrent run that got there first) is reused, never registered twice.
+    No alias: ``candidate`` waits for the evaluate stage (``after_evaluate``)."""
     if not tracker.enabled or run_id is None:
         return None
+    barrier = _test_barrier()
+    with registry_lock(lc, f"registering pretrain output {art.fingerprint}"):
+        t_in = time.time()
+        version = _register_pretrained(art, tracker, run_id, lc)
+        if barrier is not None:
+            (barrier / f"{os.getpid()}.interval").write_text(f"{t_in!r} {time.time()!r} {version}", encoding="utf-8")
+    return version
+
+
+def _register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str, lc) -> int | None:
     history = art.path / "metrics.jsonl"
     streamed = tracker.client.get_metric_history(run_id, "train.loss")
     if history.exists() and not streamed:   # a cached rerun: give its run the training curves too
@@ -54,6 +121,8 @@ def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | 
     name = lc.config.registry.model_name
     existing = _version_for(tracker, name, art.fingerprint)
     if existing is not None:
+        log.info("%s version %s is already registered for pretrain output %s; reusing it", name, existing,
+                 art.fingerprint)
         return existing
     from mlm_core.modelcard import summary
     from tasks.mlflow_model import log_and_register
@@ -88,13 +157,19 @@ def after_evaluate(art: Artifact, tracker: tracking.Tracker, run_id: str | None,
     pre_fp = (art.manifest.get("upstream") or {}).get("pretrain")
     p = art.path / "evaluation.json"
     reasons = evaluation_verdict(json.loads(p.read_text(encoding="utf-8")) if p.exists() else {})
-    return _set_evaluation(tracker, lc, pre_fp, reasons)
+    if not tracker.enabled or tracker.offline or not pre_fp:
+        return None
+    with registry_lock(lc, "tagging the evaluation result"):
+        return _set_evaluation(tracker, lc, pre_fp, reasons)
 
 
 def evaluation_failed(tracker: tracking.Tracker, lc, pretrain_fingerprint: str, report) -> int | None:
     """The evaluate output failed its contract's critical checks: tag the version failed, no alias."""
     reasons = [f"[{r['table']}] {r['type']} {r['kwargs'].get('column', '')}".strip() for r in report.failed_critical]
-    return _set_evaluation(tracker, lc, pretrain_fingerprint, reasons or ["evaluate contract failed"])
+    if not tracker.enabled or tracker.offline or not pretrain_fingerprint:
+        return None
+    with registry_lock(lc, "tagging the evaluation result"):
+        return _set_evaluation(tracker, lc, pretrain_fingerprint, reasons or ["evaluate contract failed"])
 
 
 def _set_evaluation(tracker: tracking.Tracker, lc, pretrain_fingerprint: str | None, reasons: list[str]) -> int | None:
@@ -206,6 +281,11 @@ def promote(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) ->
     make the card's summary the version's description."""
     if not tracker.enabled or run_id is None:
         return None
+    with registry_lock(lc, "tagging the gate results"):
+        return _promote(art, tracker, run_id, lc)
+
+
+def _promote(art: Artifact, tracker: tracking.Tracker, run_id: str, lc) -> int | None:
     from mlm_core.gates import GateResult
     from mlm_core.register import card
     from mlm_core.store import StageStore
@@ -236,3 +316,55 @@ def promote(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) ->
     log.info("%s version %s: gates %s%s", name, version, "passed -> champion" if passed else "failed: ",
              "" if passed else ", ".join(failed))
     return version
+
+
+def registry_status(lc, pretrain_fingerprint: str) -> dict | None:
+    """What ``mlm status`` shows of the registry for the planned pretrain output: {model, version (None: not
+    registered), aliases (of that version), evaluation, gates, failed_gates, champion (the version holding it)}.
+    None when tracking is off or the registry does not exist yet (a SQLite file is never created here);
+    {model, error} when it cannot be read. An HTTP server that is down answers at once (no retries)."""
+    if not lc.config.tracking.enabled or not _HEX.fullmatch(pretrain_fingerprint or ""):
+        return None
+    uri = tracking.resolve_tracking_uri(lc.config.tracking, lc.workdir)
+    db = tracking._sqlite_path(uri)
+    if db is not None and not db.is_file():
+        return None
+    if uri.startswith(("http://", "https://")):
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    name = lc.config.registry.model_name
+    try:
+        client = tracking._client(uri)
+        hits = [v for v in client.search_model_versions(f"tags.pretrain_fingerprint = '{pretrain_fingerprint}'")
+                if v.name == name]
+        if not hits:
+            return {"model": name, "version": None}
+        mv = max(hits, key=lambda v: int(v.version))
+        held = dict(getattr(client.get_registered_model(name), "aliases", None) or {})
+    except Exception as exc:  # noqa: BLE001 - status reports, it never fails on the registry
+        first = (str(getattr(exc, "message", "") or exc).strip().splitlines() or [type(exc).__name__])[0]
+        return {"model": name, "error": f"registry at {redact(uri)} unreadable: {redact(first)[:200]}"}
+    tags = dict(mv.tags or {})
+    return {"model": name, "version": int(mv.version),
+            "aliases": sorted(a for a, v in held.items() if str(v) == str(mv.version)),
+            "evaluation": tags.get("evaluation"), "gates": tags.get("gates"),
+            "failed_gates": [g for g in (tags.get("failed_gates") or "").split(",") if g and g != "none"],
+            "champion": int(held["champion"]) if str(held.get("champion", "")).isdigit() else None}
+
+
+def registry_status_line(info: dict) -> str:
+    """``registry: NAME version N (aliases: candidate, champion); evaluation passed; gates FAILED: a, b``."""
+    if "error" in info:
+        return f"registry: {info['model']}: {info['error']}"
+    if info.get("version") is None:
+        return f"registry: {info['model']}: no version registered for this pretrain output yet"
+    parts = [f"registry: {info['model']} version {info['version']} "
+             f"(aliases: {', '.join(info['aliases']) or 'none'})"]
+    if info.get("evaluation"):
+        parts.append(f"evaluation {info['evaluation']}")
+    if info.get("gates"):
+        parts.append("gates passed" if info["gates"] == "passed" else
+                     f"gates FAILED: {', '.join(info['failed_gates']) or '?'}")
+    if info.get("champion") is not None and info["champion"] != info["version"]:
+        parts.append(f"champion is version {info['champion']}")
+    return "; ".join(parts)

@@ -65,6 +65,13 @@ def _logger():
         return log
 
 
+def _gates(art) -> dict:
+    """The register output's gate outcome for the run's final line: {passed, n, failed: [names]}."""
+    gates = art.manifest.get("gates") or []
+    return {"passed": bool(art.manifest.get("passed")), "n": len(gates),
+            "failed": list(art.manifest.get("failed_gates") or [])}
+
+
 @task(name="stage", task_run_name="{name}", retries=2, retry_delay_seconds=2,
       retry_condition_fn=lambda task, run, state: publish.is_transient(state))
 def run_stage(config_path: str, overrides: list[str], name: str, force: bool = False,
@@ -149,5 +156,6 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
     logger.info("%s: %s %s in %.1fs -> %s", name, "cached" if hit else "ran", art.fingerprint, seconds, art.path)
     return {"stage": name, "fingerprint": art.fingerprint, "path": str(art.path), "cache_hit": hit,
             "model_version": registered,
+            "gates": _gates(art) if name == "register" else None,
             "seconds": round(seconds, 3), "mlflow_run_id": run_id,
             "validation": tags["validation"], "counts": json.loads(json.dumps(art.manifest.get("counts", {})))}
