@@ -95,7 +95,8 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
             else:
                 from tasks.sweep import run_child, tail
                 code, out = run_child(sweep, run, link, api_url)
-                ok = code == 0
+                from mlm_core.errors import EXIT_GATES_FAILED
+                ok = code in (0, EXIT_GATES_FAILED)     # failed gates are the run's result, not a failed run
                 if not ok:
                     logs[run.key] = f"exit {code}: {tail(out)} (log: {out})"
         except Exception as exc:  # noqa: BLE001 - one failed run does not stop the sweep
@@ -184,8 +185,12 @@ def _run_here(sweep, run, link: dict) -> bool:
     """One run in this process: the ``mlm-pipeline`` flow, as ``mlm run BASE --set ...`` calls it."""
     from flows.pipeline import pipeline
     from tasks import sweep_link
+    from mlm_core.errors import GatesFailed
     with sweep_link.linked(link):
-        pipeline(config_path=str(sweep.base_path), overrides=list(run.overrides))
+        try:
+            pipeline(config_path=str(sweep.base_path), overrides=list(run.overrides))
+        except GatesFailed:      # registry.fail_on_gates: the run completed; its gates failing is its result
+            pass
     return True
 
 
