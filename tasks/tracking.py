@@ -91,6 +91,27 @@ def _client(uri: str):
 
 
 # --------------------------------------------------------------------------------------- tracker
+def log_inputs_racing(client, run_id: str, datasets: list, attempts: int = 4) -> None:
+    """``client.log_inputs`` that survives another process registering the same dataset at the same moment.
+
+    MLflow's SQL store looks a dataset up by (experiment, name, digest) and inserts it when absent, in one
+    transaction; two runs of a sweep logging the same shards at once can both miss it, and the second insert
+    fails on the UNIQUE constraint (``sqlite3.IntegrityError`` ... ``datasets.experiment_id, datasets.name,
+    datasets.digest``; seen failing a sweep child run in CI). The failed transaction is rolled back whole, and
+    on a retry the lookup finds the row the other process wrote."""
+    import time as _time
+
+    from mlflow.exceptions import MlflowException
+    for attempt in range(attempts):
+        try:
+            client.log_inputs(run_id, datasets=datasets)
+            return
+        except MlflowException as exc:
+            if attempt + 1 >= attempts or "UNIQUE constraint failed" not in str(exc):
+                raise
+            _time.sleep(0.1 * (attempt + 1))
+
+
 class Tracker:
     """One parent run per pipeline run, one nested run per stage.
 
@@ -373,7 +394,7 @@ class Tracker:
                 else:
                     raise TrackingError(f"log_stage({stage}): artifact {p} does not exist")
             if inputs:
-                self.client.log_inputs(run_id, datasets=[_dataset_input(s) for s in inputs])
+                log_inputs_racing(self.client, run_id, [_dataset_input(s) for s in inputs])
         except BaseException as exc:
             if not (isinstance(exc, Exception) and unreachable(exc)):
                 self.client.set_terminated(run_id, status="FAILED")

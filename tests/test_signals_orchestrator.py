@@ -259,3 +259,31 @@ def test_sweep_child_run_survives_transient_503_from_its_orchestrator(prefect_se
         proxy.shutdown()
     assert _Flaky503Proxy.failed == fails, "the proxy never answered 503: the test tested nothing"
     assert r.returncode == 0 and "RESULT 42" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+def test_log_inputs_retries_a_dataset_another_run_inserted_at_the_same_moment():
+    """Two sweep runs logged the same shards dataset at once; MLflow's SQL store failed the second insert with
+    the UNIQUE constraint (the message below is the one from the failed CI run). One retry finds the row."""
+    from mlflow.exceptions import MlflowException
+
+    from tasks.tracking import log_inputs_racing
+    msg = ("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, datasets.name, "
+           "datasets.digest")
+
+    class Client:
+        calls = 0
+
+        def log_inputs(self, run_id, datasets):
+            Client.calls += 1
+            if Client.calls == 1:
+                raise MlflowException(msg)
+
+    log_inputs_racing(Client(), "r", ["d"])
+    assert Client.calls == 2
+
+    class Other:
+        def log_inputs(self, run_id, datasets):
+            raise MlflowException("RESOURCE_DOES_NOT_EXIST: run r")
+
+    with pytest.raises(MlflowException, match="RESOURCE_DOES_NOT_EXIST"):     # other errors are not retried
+        log_inputs_racing(Other(), "r", ["d"])
