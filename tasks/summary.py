@@ -79,13 +79,18 @@ def _registered_line(reg: dict | None, chosen: list[str], tracker, failed: str |
     return "- registered model: none (MLflow was unreachable; `mlm sync CONFIG` replays the runs)"
 
 
+def heading(title: str, failed: str | None) -> str:
+    """The artifact's description, shown once by Prefect above the table: "<name> (<selection>): completed"."""
+    return redact(f"{title}: {'FAILED at ' + failed if failed else 'completed'}")
+
+
 def markdown(title: str, chosen: list[str], results: list[dict], failed: str | None, tracker, model_name: str,
              config_line: str, parent_run_id: str | None) -> str:
+    """The artifact's body. No heading: Prefect shows the artifact's description (``heading``) above it, and a
+    ``# title`` here showed the title twice."""
     rows = stage_rows(chosen, results, failed, tracker)
-    status = f"FAILED at {failed}" if failed else "completed"
     total = sum(r["seconds"] for r in results)
-    lines = [f"# {title}: {status}",
-             f"- command: {config_line}",
+    lines = [f"- command: {config_line}",
              f"- stages: {len(results)} of {len(chosen)} finished "
              f"({sum(r['cache_hit'] for r in results)} cache hit(s)), {total:.1f} s in stages",
              f"- MLflow pipeline run: {_link(tracker.run_url(parent_run_id), parent_run_id)}",
@@ -108,8 +113,7 @@ def publish(title: str, chosen: list[str], results: list[dict], failed: str | No
         if FlowRunContext.get() is None:
             return None
         md = markdown(title, chosen, results, failed, tracker, model_name, config_line, parent_run_id)
-        create_markdown_artifact(key=KEY, markdown=md, description=f"{title}: "
-                                 f"{'FAILED at ' + failed if failed else 'completed'}")
+        create_markdown_artifact(key=KEY, markdown=md, description=heading(title, failed))
         return md
     except Exception as exc:  # noqa: BLE001
         log.warning("pipeline summary artifact not written: %s", exc)

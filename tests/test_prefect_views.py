@@ -14,14 +14,15 @@ def cfg_file(tmp_path):
 
 
 def summary_of(flow_run_id) -> str:
-    """The markdown of the ``pipeline-summary`` artifact attached to that flow run (exactly one)."""
+    """What the UI shows of the ``pipeline-summary`` artifact attached to that flow run (exactly one): its
+    description, then its markdown."""
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
     with get_client(sync_client=True) as c:
         arts = c.read_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=["pipeline-summary"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
     assert len(arts) == 1, arts
-    return arts[0].data
+    return f"{arts[0].description}\n{arts[0].data}"
 
 
 def _normalize_run_id(cfg_file) -> str:
@@ -38,7 +39,8 @@ def test_pipeline_summary_on_the_parent_flow_run(cfg_file, prefect_harness):
     assert state.is_completed()
     md = summary_of(state.state_details.flow_run_id)
     run_id = _normalize_run_id(cfg_file)                  # read back from MLflow, not from the flow's result
-    assert md.startswith("# views (only normalize): completed")
+    assert md.startswith("views (only normalize): completed\n")
+    assert md.count("views (only normalize)") == 1           # the title once (issue 24 item 12: it was twice)
     assert "| normalize | ran | miss |" in md and f"`{run_id}`" in md, md
     assert f"`mlm run {cfg_file} --only normalize`" in md  # the CLI command this run equals
     assert "registered model: none (this run did not include pretrain or register)" in md
@@ -50,7 +52,8 @@ def test_pipeline_summary_on_the_parent_flow_run(cfg_file, prefect_harness):
     failed = pipeline(config_path=str(cfg_file), overrides=["normalize.min_docs_per_language=1000"], return_state=True)
     assert failed.is_failed()
     md = summary_of(failed.state_details.flow_run_id)
-    assert md.startswith("# views (all stages): FAILED at normalize"), md
+    assert md.startswith("views (all stages): FAILED at normalize\n"), md
+    assert md.count("views (all stages)") == 1
     assert "| normalize | FAILED |" in md and "| tokenizer | not run |" in md and "| register | not run |" in md
     assert "--set normalize.min_docs_per_language=1000" in md
     assert "registered model: none (the run failed at normalize)" in md
@@ -86,3 +89,23 @@ def test_deploy_waits_until_every_deployment_is_ready(prefect_harness, capsys, m
     err = capsys.readouterr().err
     assert f"{len(flow_specs())} deployment(s) not ready after 2s" in err and "mlm-pipeline/default (NOT_READY)" in err, err
     assert "mlm-register/default (NOT_READY)" in err
+
+
+def test_summary_title_is_shown_once(monkeypatch):
+    """Issue 24 item 12, without a server: the description carries the title; the markdown has no heading."""
+    import types
+
+    import prefect.artifacts
+    import prefect.context
+
+    from tasks import summary
+    made = {}
+    monkeypatch.setattr(prefect.context.FlowRunContext, "get", classmethod(lambda cls: object()))
+    monkeypatch.setattr(prefect.artifacts, "create_markdown_artifact", lambda **kw: made.update(kw))
+    tracker = types.SimpleNamespace(run_url=lambda run_id: None, enabled=False, uri="sqlite:///x.db")
+    results = [{"stage": "normalize", "cache_hit": False, "seconds": 1.5, "fingerprint": "f" * 16,
+                "mlflow_run_id": None, "validation": "passed"}]
+    md = summary.publish("demo (only normalize)", ["normalize"], results, None, tracker, "m", "`mlm run c.yaml`", None)
+    assert made["description"] == "demo (only normalize): completed"
+    assert made["markdown"] == md and "demo (only normalize)" not in md and not md.startswith("#")
+    assert "| normalize | ran | miss | 1.5 | passed |" in md

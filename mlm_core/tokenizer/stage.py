@@ -84,6 +84,10 @@ def run_tokenizer(lc, upstream: dict, out_dir: Path) -> dict:
     write_tables(out_dir, langs, scripts, n_scripts)
     log.info("tokenizer: vocab %d/%d in %.1f s; held-out %s", actual, cfg.vocab_size, train_seconds,
              {lang: round(s["tokens_per_char"] or 0, 3) for lang, s in langs.items()})
+    if actual < cfg.vocab_size:   # not a warning: the corpus has no more pieces (a small corpus, like the demo's)
+        log.info("tokenizer: %d tokens, fewer than the %d asked: the sample has no more pieces to merge; expected "
+                 "for a small corpus (tokenizer.min_vocab_fraction=%g is the limit that fails the stage)",
+                 actual, cfg.vocab_size, cfg.min_vocab_fraction)
     return {
         "algorithm": cfg.algorithm, "style": cfg.special_tokens,
         "vocab_size_requested": cfg.vocab_size, "vocab_size": actual,
