@@ -26,8 +26,9 @@ demo: setup
 	$(BIN)/mlm status configs/demo.yaml
 
 # the real-text recipe (issue 20): the 7 languages of ../shared/data/text, a model that learns; <= 30 min on 2 idle cores
+# (exit status 3 = the model is registered but failed a gate: the run's result, shown, not a broken run)
 real: setup
-	$(BIN)/mlm run configs/real.yaml
+	$(BIN)/mlm run configs/real.yaml || test $$? -eq 3
 	$(BIN)/mlm status configs/real.yaml
 
 # before vs after on the new text (configs/adapt.yaml's held-out data), then on the demo's own held-out data in all
