@@ -22,7 +22,8 @@ def config_or_default(config: str | None, command: str) -> str:
 
 
 def check_paths(label: str, lc) -> None:
-    """Raise ConfigError listing every named file that is missing and every glob that matches nothing."""
+    """Raise ConfigError listing every named file that is missing, every glob that matches nothing, and every
+    audit or evaluate file that does not decode (file, line, byte offset, byte)."""
     from mlm_core.pathcheck import path_problems
     problems = path_problems(lc)
     if not problems:
@@ -30,4 +31,5 @@ def check_paths(label: str, lc) -> None:
     hint = "(`--no-paths` skips this check)"
     if len(problems) == 1:
         raise ConfigError(f"{label}: {problems[0]} {hint}")
-    raise ConfigError(f"{label}: {len(problems)} named files are missing {hint}:\n" + "\n".join(problems))
+    raise ConfigError(f"{label}: {len(problems)} named files are missing or unreadable {hint}:\n"
+                      + "\n".join(problems))

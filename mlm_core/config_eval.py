@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, field_validator, with_config
+from typing_extensions import NotRequired, TypedDict
 
 from mlm_core.effects import Section
 
@@ -96,12 +97,52 @@ class EvaluateConfig(Section):
         "are measured on (auto: CUDA when available, else CPU).", json_schema_extra={"effect": "output"})
 
 
-class AuditConfig(Section):
-    """Bias audits: CrowS-Pairs-style pairs and masked-slot templates."""
+@with_config(ConfigDict(extra="forbid"))
+class AuditFile(TypedDict):
+    """One audit file with its text encoding: ``{path: crows_nl.csv, encoding: mac_roman}`` (a plain path string
+    means UTF-8). A mapping, not a section: the entry's value goes into the audit fingerprint as written, so a
+    plain path string keeps the fingerprint it had."""
 
-    crows_pairs: dict[str, str] = Field(default_factory=dict, description="Language -> CrowS-Pairs CSV "
-                                        "(sent_more,sent_less,stereo_antistereo,bias_type).",
+    path: str
+    encoding: NotRequired[str]
+
+
+def _check_codecs(v: dict) -> dict:
+    import codecs
+    for lang, entry in v.items():
+        enc = entry.get("encoding", "utf-8") if isinstance(entry, dict) else "utf-8"
+        try:
+            codecs.lookup(enc)
+        except LookupError:
+            raise ValueError(f"{lang}.encoding: unknown text encoding {enc!r} (a Python codec name: utf-8, "
+                             f"mac_roman, cp1252, latin-1...)") from None
+    return v
+
+
+def audit_file(entry: "str | AuditFile") -> tuple[str, str]:
+    """(path, encoding) of an ``audit.crows_pairs`` / ``audit.templates`` entry (a plain path: UTF-8)."""
+    return (entry, "utf-8") if isinstance(entry, str) else (entry["path"], entry.get("encoding", "utf-8"))
+
+
+class AuditConfig(Section):
+    """Bias audits: CrowS-Pairs-style pairs and masked-slot templates. Each file is a path, or
+    ``{path: ..., encoding: mac_roman}`` for a file that is not UTF-8."""
+
+    crows_pairs: dict[str, str | AuditFile] = Field(default_factory=dict, description="Language -> CrowS-Pairs CSV "
+                                        "(sent_more,sent_less,stereo_antistereo,bias_type): a path, or "
+                                        "{path, encoding} for a file that is not UTF-8.",
         json_schema_extra={"effect": "output"})
-    templates: dict[str, str] = Field(default_factory=dict, description="Language -> template YAML "
-                                      "(templates with {group} and [MASK], groups, neutral, attributes).",
+    templates: dict[str, str | AuditFile] = Field(default_factory=dict, description="Language -> template YAML "
+                                      "(templates with {group} and [MASK], groups, neutral, attributes): a path, "
+                                      "or {path, encoding}.",
         json_schema_extra={"effect": "output"})
+
+    @field_validator("crows_pairs", "templates")
+    @classmethod
+    def _codecs(cls, v: dict) -> dict:
+        return _check_codecs(v)
+
+    def files(self) -> list[tuple[str, str, str, str]]:
+        """(key path, language, path, encoding) of every audit file, CrowS-Pairs first, languages sorted."""
+        return [(f"audit.{key}.{lang}", lang, *audit_file(entry)) for key in ("crows_pairs", "templates")
+                for lang, entry in sorted(getattr(self, key).items())]

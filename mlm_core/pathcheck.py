@@ -50,15 +50,32 @@ def named_files(lc) -> list[tuple[str, str]]:
             out.append((f"evaluate.{task}.dev", t.dev))
         out += [(f"evaluate.{task}.targets.{lang}", p) for lang, p in t.targets.items()]
     out += [(f"evaluate.retrieval.{lang}", p) for lang, p in (ev.retrieval or {}).items()]
-    out += [(f"audit.crows_pairs.{lang}", p) for lang, p in cfg.audit.crows_pairs.items()]
-    out += [(f"audit.templates.{lang}", p) for lang, p in cfg.audit.templates.items()]
+    out += [(key, p) for key, _, p, _ in cfg.audit.files()]
     return out
 
 
+def evaluate_files(lc) -> list[tuple[str, str]]:
+    """(key path, file) of the evaluate stage's own data files (CoNLL-U, classification, retrieval text)."""
+    return [(k, p) for k, p in named_files(lc) if k.startswith("evaluate.")]
+
+
+def text_problems(lc) -> list[str]:
+    """One line per existing audit or evaluate file that does not decode (audit files: in their ``encoding``;
+    evaluate files: UTF-8), naming the file, line, byte offset and byte."""
+    from mlm_core.textcheck import audit_hint, decode_message
+    out = [decode_message(key, lc.resolve(p.split("#", 1)[0]), enc, audit_hint(key, p) if enc.replace("-", "").lower() == "utf8"
+                          else f"is {enc} the right encoding?")
+           for key, _, p, enc in lc.config.audit.files()]
+    out += [decode_message(key, lc.resolve(p.split("#", 1)[0]), "utf-8", "evaluation files are read as UTF-8: re-save it as UTF-8")
+            for key, p in evaluate_files(lc) if not glob.has_magic(p)]
+    return [m for m in out if m]
+
+
 def path_problems(lc) -> list[str]:
-    """One line per named file that does not exist or glob that matches no file (empty: all present)."""
+    """One line per named file that does not exist or glob that matches no file, then each audit or evaluate
+    file that does not decode (empty: all present and readable)."""
     base = Path(lc.base_dir)
-    return [msg for key, pat in named_files(lc) if (msg := _check(key, pat, base)) is not None]
+    return [msg for key, pat in named_files(lc) if (msg := _check(key, pat, base)) is not None] + text_problems(lc)
 
 
-__all__ = ["named_files", "path_problems"]
+__all__ = ["named_files", "evaluate_files", "text_problems", "path_problems"]

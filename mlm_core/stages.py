@@ -208,8 +208,18 @@ def _with_debias_lists(lc: LoadedConfig, got):
     return {"files": got, "debias.projection.lists": projection_inputs(lc)}
 
 
+def _readable(lc: LoadedConfig, stage: str) -> None:
+    """The stage's own text files decode (audit: in their ``encoding``; evaluate: UTF-8): checked at planning,
+    so a bad byte fails before pretraining, naming the file, line and byte (``mlm_core.pathcheck``)."""
+    from mlm_core.pathcheck import text_problems
+    bad = [m for m in text_problems(lc) if m.startswith(f"{stage}.")]
+    if bad:
+        raise PlanError("\n".join(bad))
+
+
 def _evaluate_inputs(lc: LoadedConfig):
     ev = lc.config.evaluate
+    _readable(lc, "evaluate")
     files = [p for t in (ev.upos, ev.classification) if t for p in [t.train, t.dev, *t.targets.values()] if p]
     return _with_debias_lists(lc, _file_stats(lc, files + list((ev.retrieval or {}).values())))
 
@@ -220,8 +230,8 @@ def _run_evaluate(lc, upstream, out_dir):
 
 
 def _audit_inputs(lc: LoadedConfig):
-    return _with_debias_lists(lc, _file_stats(lc, [*lc.config.audit.crows_pairs.values(),
-                                                   *lc.config.audit.templates.values()]))
+    _readable(lc, "audit")
+    return _with_debias_lists(lc, _file_stats(lc, [p for _, _, p, _ in lc.config.audit.files()]))
 
 
 def _run_audit(lc, upstream, out_dir):

@@ -41,9 +41,12 @@ def run_audit(model_dir: Path, cfg, base_dir: Path, batch: int = 64, model_hook=
     """
     from mlm_core.fillmask import load_model_dir
 
+    from mlm_core.config_eval import audit_file
     base_dir = Path(base_dir)
-    pairs = {lang: load_crows_csv(base_dir / p) for lang, p in sorted(cfg.crows_pairs.items())}
-    specs = {lang: load_templates(base_dir / p) for lang, p in sorted(cfg.templates.items())}
+    crows = {lang: audit_file(e) for lang, e in sorted(cfg.crows_pairs.items())}     # (path, encoding)
+    tmpl = {lang: audit_file(e) for lang, e in sorted(cfg.templates.items())}
+    pairs = {lang: load_crows_csv(base_dir / p, encoding=enc) for lang, (p, enc) in crows.items()}
+    specs = {lang: load_templates(base_dir / p, encoding=enc) for lang, (p, enc) in tmpl.items()}
     out: dict = {"crows": {}, "templates": {}, "limits": LIMITS}
     if not pairs and not specs:
         return out
@@ -56,7 +59,7 @@ def run_audit(model_dir: Path, cfg, base_dir: Path, batch: int = 64, model_hook=
         shown.update(note=f"CrowS-Pairs {lang} ({len(ps)} pairs)")
         r = audit_crows(model, tok, ps, mask, batch=batch)
         shown.update(advance=1)
-        r["file"] = str(cfg.crows_pairs[lang])
+        r["file"] = crows[lang][0]
         out["crows"][lang] = r
         log.info("audit: crows %s: metric %.2f (N=%d, neutral %d, with an empty sentence %d, skipped %d)", lang,
                  r["metric_score"] or 0, r["n"], r["neutral"], r["n_empty_sentence"], len(r["skipped"]))
@@ -64,7 +67,7 @@ def run_audit(model_dir: Path, cfg, base_dir: Path, batch: int = 64, model_hook=
         shown.update(note=f"templates {lang}")
         r = audit_templates(model, tok, spec, mask, batch=batch)
         shown.update(advance=1)
-        r["file"] = str(cfg.templates[lang])
+        r["file"] = tmpl[lang][0]
         out["templates"][lang] = r
         log.info("audit: templates %s: delta %s, KL-to-neutral %.4f", lang, r["delta_bias"], r["kl_to_neutral_mean"])
     shown.close()

@@ -83,7 +83,16 @@ def _delimiter(path: Path, header_line: str) -> str:
                      f"expected {', '.join(COLUMNS)} separated by a tab, a comma or a semicolon, found {header_line!r}")
 
 
-def load_crows_csv(path: Path, *, sent_more_is_group: bool = False) -> list[Pair]:
+def check_decodes(path: Path, encoding: str) -> None:
+    """AuditError naming the file, line, byte offset and byte when ``path`` does not decode with ``encoding``."""
+    from mlm_core.textcheck import decode_message
+    msg = decode_message("audit file", path, encoding, "give its encoding in the config, under audit.crows_pairs "
+                         "or audit.templates: `<lang>: {path: ..., encoding: mac_roman}` (or cp1252, latin-1...)")
+    if msg:
+        raise AuditError(msg.removeprefix("audit file: "))
+
+
+def load_crows_csv(path: Path, *, sent_more_is_group: bool = False, encoding: str = "utf-8") -> list[Pair]:
     """Read a CrowS-Pairs file (comma- or tab-separated, detected from the header). Errors name the file
     and the row (1-based data row and file line).
 
@@ -95,12 +104,18 @@ def load_crows_csv(path: Path, *, sent_more_is_group: bool = False) -> list[Pair
     ``sent_more_is_group``: the file puts the stereotyped group's sentence in ``sent_more`` in every row
     (antistereo rows then hold the LESS stereotypical sentence there); their antistereo rows are swapped
     so that ``Pair.sent_more`` is always the more stereotypical sentence.
+
+    ``encoding``: the file's codec (``audit.crows_pairs.<lang>.encoding``); UTF-8 may start with a BOM. Bytes
+    that do not decode are an AuditError naming the file, line, byte offset and byte.
     """
     path = Path(path)
     if not path.is_file():
         raise AuditError(f"{path}: CrowS-Pairs file not found")
+    check_decodes(path, encoding)
+    if encoding.replace("-", "").replace("_", "").lower() in ("utf8", "u8"):
+        encoding = "utf-8-sig"
     pairs: list[Pair] = []
-    with path.open(encoding="utf-8-sig", newline="") as f:
+    with path.open(encoding=encoding, newline="") as f:
         delimiter = _delimiter(path, f.readline().rstrip("\r\n"))
         f.seek(0)
         reader = csv.DictReader(f, delimiter=delimiter)

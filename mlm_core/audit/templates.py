@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
-from mlm_core.audit.crows import AuditError, masked_log_probs
+from mlm_core.audit.crows import AuditError, check_decodes, masked_log_probs
 
 GROUP, SLOT = "{group}", "[MASK]"
 REQUIRED = ("templates", "groups", "neutral", "attributes")
@@ -53,15 +53,17 @@ def _words(value, where: str) -> tuple[str, ...]:
     return tuple(w.strip() for w in value)
 
 
-def load_templates(path: Path) -> TemplateSpec:
-    """Read and check a template YAML; every error names the file (and the template's index)."""
+def load_templates(path: Path, encoding: str = "utf-8") -> TemplateSpec:
+    """Read and check a template YAML (``encoding``: ``audit.templates.<lang>.encoding``); every error names the
+    file (and the template's index, or the line and byte that do not decode)."""
     import yaml
 
     path = Path(path)
     if not path.is_file():
         raise AuditError(f"{path}: template file not found")
+    check_decodes(path, encoding)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(path.read_text(encoding=encoding))
     except yaml.YAMLError as e:
         raise AuditError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
