@@ -58,6 +58,7 @@ def _shards_rows(art: Artifact) -> list[dict]:
 
 def _pretrain_rows(art: Artifact) -> list[dict]:
     """[MASK]-only top-1 vs the baseline first (what measures learning), then the all-target (80/10/10) figures."""
+    from mlm_core.train.stage import beats_baseline
     def masked(r: dict) -> dict:
         if r.get("mask_acc") is None:       # an output written before [MASK]-only scoring
             return {}
@@ -65,7 +66,7 @@ def _pretrain_rows(art: Artifact) -> list[dict]:
                 "mask_over_baseline_ci_low": round(r["mask_over_baseline_ci_low"], 4),
                 "distinct_predictions": r.get("distinct_predictions")}
     return [{"lang": lang, **masked(r), "val_loss": round(r["loss"], 4), "val_acc": round(r["acc"], 4),
-             "baseline_acc": round(r["baseline_acc"], 4), "beats_baseline": r["acc"] > r["baseline_acc"]}
+             "baseline_acc": round(r["baseline_acc"], 4), "beats_baseline": beats_baseline(r)}
             for lang, r in sorted(art.manifest.get("eval", {}).items())]
 
 

@@ -260,3 +260,24 @@ def test_the_stage_task_tags_the_mlflow_run_and_stop_on_plateau_fails_it(tmp_pat
                                                  "plateau.languages": "en"}
     assert publish.run_tags("pretrain", Artifact("pretrain", "fp", tmp_path, {})) == {}
     assert "**PLATEAU**" in publish.stage_markdown("pretrain", art, False, 1.0, None, None)
+
+
+def test_pretrain_contract_warns_when_only_the_copied_targets_beat_the_baseline(tmp_path):
+    """The pretrain data contract's learning check reads the [MASK]-only interval, not the 80/10/10 accuracy: a
+    model that copies visible targets (acc 0.12 > baseline 0.045, the issue's line) but is at the baseline on
+    [MASK] positions gets the warning; one whose interval is above 0 does not."""
+    import json
+
+    from tasks import validation as v
+    rec = {"loss": 5.0, "acc": 0.12, "baseline_acc": 0.045, "mask_acc": 0.041, "mask_baseline_acc": 0.041}
+    for ci_low, warned in ((-0.002, True), (0.01, False)):
+        out = tmp_path / f"ci{ci_low}"
+        out.mkdir()
+        for f in ("model.safetensors", "model_config.json", "tokenizer.json"):
+            (out / f).write_text("{}")
+        (out / "eval.json").write_text(json.dumps({"eval": {"en": rec | {"mask_over_baseline_ci_low": ci_low}}}))
+        report = v.validate_stage("pretrain", out, {"final_loss": 5.0, "steps": 10, "eval": {"en": rec}})
+        cols = [r["kwargs"].get("column") for r in report.failed_warnings]
+        assert ("mask_over_baseline_ci_low" in cols) == warned, report.failed_warnings
+        from mlm_core.train.stage import beats_baseline
+        assert beats_baseline(rec | {"mask_over_baseline_ci_low": ci_low}) is (not warned)

@@ -90,6 +90,15 @@ def _check_inputs(cfg, shards, tok) -> None:
         raise StageError(f"pretrain: {tok.path} has no tokenizer.json")
 
 
+def beats_baseline(r: dict) -> bool:
+    """A validation record beats the unigram baseline: the lower end of the 95% interval of [MASK]-only top-1 minus
+    the baseline's is above 0. The 80/10/10 accuracy is not the test: 10% of its targets are visible and copied.
+    (An output written before [MASK]-only scoring: its all-target accuracy, as then.)"""
+    if r.get("mask_over_baseline_ci_low") is not None:
+        return r["mask_over_baseline_ci_low"] > 0
+    return r["acc"] > r["baseline_acc"]
+
+
 def run_pretrain(lc, upstream: dict, out_dir: Path, *, checkpoint_dir: Path | None = None,
                  metrics_cb: Callable[[dict], None] | None = None) -> dict:
     """Train (resuming when a checkpoint exists) and write the model folder; returns the manifest fields."""
@@ -188,10 +197,10 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
         except ExportError as e:
             note = str(e)
             log.warning("pretrain: no Hugging Face export: %s", e)
-    beats = {lg: r["acc"] > r["baseline_acc"] for lg, r in evals.items()}
+    beats = {lg: beats_baseline(r) for lg, r in evals.items()}
     if not all(beats.values()):
-        log.warning("pretrain: validation masked accuracy does not beat the unigram baseline for %s",
-                    sorted(lg for lg, ok in beats.items() if not ok))
+        log.warning("pretrain: held-out [MASK] top-1 does not beat the unigram baseline beyond the noise of the "
+                    "validation rows for %s", sorted(lg for lg, ok in beats.items() if not ok))
     params = sum(p.numel() for p in model.parameters())     # shared tensors once (ELECTRA: both networks)
     if bias is not None:
         extra["bias_regularizer"] = {"groups": list(bias.groups), "table": bias.digest(),
