@@ -84,3 +84,19 @@ def test_transfer_source_score_is_held_out(demo_run):
     for task in ("upos", "classification"):
         rep = evaluation["transfer"][task]
         assert rep["source_score_on"] == "held-out" and rep["n_source_test"] > 0
+
+
+def test_the_plateau_detector_does_not_fire_on_the_demo_model(tmp_path):
+    """The other half of issue 20's test, in every CI run: the unshortened demo model (configs/demo.yaml as
+    shipped, pretraining only) has left the plateau: the detector judged it and did not fire, and every
+    language's [MASK]-only interval lies above the baseline."""
+    from mlm_core import stages
+    from mlm_core.configio import load_config
+    lc = load_config(REPO / "configs" / "demo.yaml", [f"workdir={tmp_path / 'work'}", "tracking.enabled=false"])
+    plans = stages.plan(lc)
+    for name in ("normalize", "tokenizer", "shards"):
+        stages.execute(lc, name, plans)
+    pre = stages.execute(lc, "pretrain", plans)[0]
+    rec = json.loads((pre.path / "eval.json").read_text())["plateau"]
+    assert rec["step"] == lc.config.pretrain.steps and set(rec["figures"]) == set(lc.config.languages)
+    assert not rec["fired"] and all(f["ci"][0] > 0 for f in rec["figures"].values()), rec["figures"]
