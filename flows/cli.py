@@ -450,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     from flows import logs
     logs.configure()        # WARNING (INFO with MLM_VERBOSE=1); HTTP client request logs stay quiet
     from flows import guard
+    if "tasks.tracking" in sys.modules:   # called in-process again (tests, a notebook): warn of this command's
+        from tasks.tracking import reset_delivery_report   # undelivered records only, not an earlier one's
+        reset_delivery_report()
     try:
         code = args.func(args) or 0
     except KeyboardInterrupt:
