@@ -118,6 +118,17 @@ def tagging_examples(encoded, sentences, label_id: dict[str, int]) -> list[Examp
     return out
 
 
+
+def fit_and_predict(encoder, pooling: str, predict, labels, train_ex, val_inputs, val_gold, inputs: dict, ft, seed: int,
+                    pad: int):
+    """Fine-tune a task head on ``encoder`` (early stopping on the source validation split's primary metric), then
+    predict every split of ``inputs``: (fit result, weights digest, {split: predictions}). One protocol for the
+    pretrained encoder and its untrained control, for token tagging and sentence classification alike."""
+    model = build_task_model(encoder, len(labels), pooling, ft, seed)
+    res = fit(model, train_ex, lambda m: primary_score(ft.primary_metric, predict(m, val_inputs, labels, pad),
+                                                       val_gold), ft, seed, pad)
+    return res, weights_digest(model), {k: predict(model, x, labels, pad) for k, x in inputs.items()}
+
 def run_upos(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path, seed: int, control=None,
              predictions: list | None = None) -> dict:
     """Fine-tune a tagger on ``task.train`` (source language) and score every target (word accuracy).
@@ -143,10 +154,7 @@ def run_upos(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path,
     enc = {k: encode_words(tok, [s.tokens for s in sents], L) for k, sents in splits.items()}
 
     def tagged(encoder):
-        tagger = build_task_model(encoder, len(labels), "token", ft, seed)
-        res = fit(tagger, train_ex, lambda m: primary_score(ft.primary_metric, predict_tags(m, val_enc, labels, pad),
-                                                            val_gold), ft, seed, pad)
-        return res, weights_digest(tagger), {k: predict_tags(tagger, e, labels, pad) for k, e in enc.items()}
+        return fit_and_predict(encoder, "token", predict_tags, labels, train_ex, val_enc, val_gold, enc, ft, seed, pad)
 
     res, digest, pred = tagged(model)
     ctrl = tagged(control) if control is not None else None
@@ -222,10 +230,8 @@ def run_classification(model, tok, task: TransferTask, ft: FinetuneConfig, base_
     ids = {k: encode_texts(tok, [t for t, _ in data], L) for k, data in splits.items()}
 
     def classified(encoder):
-        clf = build_task_model(encoder, len(labels), "mean", ft, seed)
-        res = fit(clf, train_ex, lambda m: primary_score(ft.primary_metric, predict_classes(m, val_ids, labels, pad),
-                                                          val_gold), ft, seed, pad)
-        return res, weights_digest(clf), {k: predict_classes(clf, i, labels, pad) for k, i in ids.items()}
+        return fit_and_predict(encoder, "mean", predict_classes, labels, train_ex, val_ids, val_gold, ids, ft, seed,
+                               pad)
 
     res, digest, pred = classified(model)
     gold = {k: [lab for _, lab in data] for k, data in splits.items()}

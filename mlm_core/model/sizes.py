@@ -168,7 +168,7 @@ class Arch:
         return cls(**d)
 
 
-def _round_to(x: float, multiple: int) -> int:
+def round_to(x: float, multiple: int) -> int:
     """Nearest positive multiple of ``multiple``."""
     return max(multiple, int(round(x / multiple)) * multiple)
 
@@ -189,7 +189,7 @@ def resolve_arch(cfg: ModelConfig, vocab_size: int, pad_id: int, scale: float = 
     ratio = MODERNBERT_FFN_RATIO if modern else 4
     ffn = cfg.ffn if cfg.ffn is not None else (int(round(ratio * hidden)) if cfg.hidden is not None else base["ffn"])
     if scale != 1.0:
-        hidden = _round_to(hidden * scale, heads * (2 if cfg.position == "rotary" else 1))
+        hidden = round_to(hidden * scale, heads * (2 if cfg.position == "rotary" else 1))
         ffn = max(8, int(round(ffn * scale)))
     # window / global_every only for local_global: a global model's Arch (and stored JSON) stays BERT's
     local = {"attention": cfg.attention, "window": cfg.window, "global_every": cfg.global_every} \

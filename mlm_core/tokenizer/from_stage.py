@@ -39,7 +39,7 @@ def run_from(lc, norm: Artifact, out_dir: Path) -> dict:
     from mlm_core.external import TOKENIZER_FILES, cache_dir, content_hash, resolve_ref
     from mlm_core.tokenizer.existing import load_existing
     from mlm_core.tokenizer.extend import EXTENSION_FILE, check_room, extend_tokenizer, extension_table
-    from mlm_core.tokenizer.stage import TOKENIZER_FILE, _corpus_counts, write_tables
+    from mlm_core.tokenizer.stage import TOKENIZER_FILE, corpus_counts, write_tables
 
     cfg, pcfg = lc.config.tokenizer, lc.config
     field = "tokenizer.from" if cfg.from_ is not None else "pretrain.init_from"
@@ -49,7 +49,7 @@ def run_from(lc, norm: Artifact, out_dir: Path) -> dict:
     base_size = base.size
     if cfg.extend:   # before reading the corpus: a config that cannot work fails at once
         check_room(base_size, cfg.extend, f"the {field} tokenizer {base.folder / base.files.split(' ')[0]}")
-    chars, nbytes = _corpus_counts(norm, pcfg.languages)
+    chars, nbytes = corpus_counts(norm, pcfg.languages)
     sample = train_sample(Path(norm.path), chars, pcfg.tokenizer_alpha, cfg.sample_mb, cfg.heldout_docs, pcfg.seed,
                           nbytes)
 

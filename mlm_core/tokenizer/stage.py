@@ -38,7 +38,7 @@ STATS_SCHEMA = pa.schema([
 SCRIPTS_SCHEMA = pa.schema([("script", pa.string()), ("tokens", pa.int64()), ("share", pa.float64())])
 
 
-def _corpus_counts(norm: Artifact, langs: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+def corpus_counts(norm: Artifact, langs: list[str]) -> tuple[dict[str, int], dict[str, int]]:
     per_lang = norm.manifest.get("languages", {})
     missing = [lang for lang in langs if lang not in per_lang]
     if missing:
@@ -59,7 +59,7 @@ def run_tokenizer(lc, upstream: dict, out_dir: Path) -> dict:
     if pcfg.tokenizer_from is not None:
         from mlm_core.tokenizer.from_stage import run_from
         return run_from(lc, norm, Path(out_dir))
-    chars, nbytes = _corpus_counts(norm, pcfg.languages)
+    chars, nbytes = corpus_counts(norm, pcfg.languages)
     alpha = pcfg.tokenizer_alpha
     sample = train_sample(Path(norm.path), chars, alpha, cfg.sample_mb, cfg.heldout_docs, pcfg.seed, nbytes)
     log.info("tokenizer: %s sample of %.2f MB (%d docs), per language %s", cfg.algorithm, sample.bytes / 1e6,

@@ -42,8 +42,8 @@ from safetensors.torch import load_file
 
 from mlm_core.errors import MlmError
 from mlm_core.store import sha256_file
-from mlm_core.store import fsync_dir as _fsync_dir
-from mlm_core.store import pid_alive as _pid_alive
+from mlm_core.store import fsync_dir
+from mlm_core.store import pid_alive
 from mlm_core.tensorfile import load_tree, save_tensors, save_tree
 
 log = logging.getLogger(__name__)
@@ -257,13 +257,13 @@ def save_checkpoint(root: Path, step: int, *, model: torch.nn.Module, optimizer,
                 "world_size": world_size, "aliases": aliases, "files": files, "created_at": time.time()}
         _write_json(tmp / META, meta)
         _fsync_file(tmp / META)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():                          # re-reached after resuming from an older checkpoint
             trash = root / f".old-{final.name}-{os.getpid()}"
             os.rename(final, trash)
             shutil.rmtree(trash, ignore_errors=True)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         prune(root, keep)
         log.info("checkpoint %s written", final)
     _barrier(world_size)
@@ -284,7 +284,7 @@ def cleanup_temporaries(root: Path) -> list[Path]:
             pid = int(p.name.rsplit("-", 1)[1])
         except (IndexError, ValueError):
             pid = -1
-        if pid > 0 and pid != os.getpid() and _pid_alive(pid):
+        if pid > 0 and pid != os.getpid() and pid_alive(pid):
             continue
         shutil.rmtree(p, ignore_errors=True)
         removed.append(p)

@@ -136,9 +136,9 @@ def _fraction_gives(disc, gen, fraction: float) -> tuple[int, int]:
     """(hidden, ffn) that ``fraction`` of ``disc`` gives, rounded as ``mlm_core.model.sizes.resolve_arch``
     rounds a generator, with the generator's own head count (a transformers pair may have fewer heads in
     the generator, e.g. electra-base: 4 of 12; in this pipeline's pairs they are the same)."""
-    from mlm_core.model.sizes import _round_to
+    from mlm_core.model.sizes import round_to
     multiple = gen.heads * (2 if gen.position == "rotary" else 1)
-    return _round_to(disc.hidden * fraction, multiple), max(8, int(round(disc.ffn * fraction)))
+    return round_to(disc.hidden * fraction, multiple), max(8, int(round(disc.ffn * fraction)))
 
 
 def _check_generator_fraction(cfg, p, where: str) -> None:
