@@ -16,35 +16,14 @@ from flows.cli_registry import add_parsers as add_registry_parsers  # stdlib onl
 from flows.cli_compare import add_parser as add_compare_parser  # stdlib only too
 from flows.cli_sweep import add_parser as add_sweep_parser  # stdlib only too
 from flows.cli_report import add_parser as add_report_parser  # stdlib only too
+from flows.cli_status import cmd_stats, cmd_status, cmd_verify  # stdlib only too
+from flows.cli_util import adopt_servers_for, load_args, prepare_env, print_rows, run_cmd
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-EXIT_CORRUPT = 1     # `mlm status` / `mlm verify`: a stored output does not match its manifest (README)
-
-
-def prepare_env(workdir: Path | None = None) -> None:
-    """Quiet, offline-friendly defaults; with no Prefect server configured, Prefect's state lives in the workdir."""
-    defaults = {
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
-        "MLFLOW_LOGGING_LEVEL": "WARNING", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-        "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-        "GX_ANALYTICS_ENABLED": "false", "TOKENIZERS_PARALLELISM": "true",
-        "PREFECT_LOGGING_LEVEL": "INFO",
-    }
-    for k, v in defaults.items():
-        os.environ.setdefault(k, v)
-    if workdir is not None and "PREFECT_API_URL" not in os.environ and "PREFECT_HOME" not in os.environ:
-        (workdir / "prefect").mkdir(parents=True, exist_ok=True)
-        os.environ["PREFECT_HOME"] = str(workdir / "prefect")
-        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-
-
-def _load(args):
-    from mlm_core.configio import load_config
-    return load_config(args.config, args.set or [])
 
 
 def cmd_config_validate(args) -> int:
-    lc = _load(args)
+    lc = load_args(args)
     cfg = lc.config
     if not args.no_paths:    # every named source/evaluation/audit file or glob must match a file
         from flows.cli_util import check_paths
@@ -78,139 +57,6 @@ def cmd_config_docs(args) -> int:
     return 0
 
 
-def _run_cmd(lc, *extra: str) -> str:
-    from mlm_core.commands import run_command   # the user's config path and --set overrides, shell-quoted
-    return run_command(lc, *extra)
-
-
-def _fmt_bytes(n) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
-
-
-def cmd_status(args) -> int:
-    from mlm_core import stages
-    from mlm_core.store import StageStore
-    from flows.cli_util import config_or_default
-    args.config = config_or_default(args.config, "mlm status")   # none given: ./mlm.yaml or the one configs/*.yaml
-    lc = _load(args)
-    store = StageStore(lc.workdir)
-    rows = [p.as_row(store) for p in stages.plan(lc, store).values()]
-    for r in rows:      # a stored output is checked, not trusted: sizes, sha256 per the config's verify policy
-        if r["status"] == "done":
-            rep = store.verify(r["stage"], r["fingerprint"], lc.config.verify)
-            if not rep.ok:
-                r["status"], r["problems"] = "corrupt", [str(x) for x in rep.problems]
-    corrupt = [r["stage"] for r in rows if r["status"] == "corrupt"]
-    once = lc.config.verify == "once" and any(r["status"] == "done" for r in rows)
-    registry = _registry_status(lc, rows)      # the registered version of the planned model, and its aliases
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return EXIT_CORRUPT if corrupt else 0
-    print(f"{'stage':<12} {'status':<8} {'fingerprint':<17} {'size':>9}  path")
-    for r in rows:
-        shown = "done*" if once and r["status"] == "done" else r["status"]
-        print(f"{r['stage']:<12} {shown:<8} {r['fingerprint']:<17} {_fmt_bytes(r['bytes']):>9}  {r['path']}")
-        for prob in r.get("problems", []):
-            print(f"{'':<12} {prob}")
-    if registry is not None:
-        from tasks.registry import registry_status_line
-        print(registry_status_line(registry))
-    _status_notes(lc, rows, once, corrupt)
-    return EXIT_CORRUPT if corrupt else 0
-
-
-def _status_notes(lc, rows: list[dict], once: bool, corrupt: list[str]) -> None:
-    """Under the table: what `done*` does not cover, each failed attempt's folder, and the real rebuild commands."""
-    from mlm_core.commands import mlm_command
-    verify = mlm_command("verify", lc.path, lc.overrides)
-    if once:
-        print(f"* done: sizes checked, each file hashed once (verify: once): an edit that keeps a file's size and "
-              f"mtime is not detected; `{verify}` re-hashes every file")
-    for r in rows:
-        if r["status"] == "failed":
-            print(f"{r['stage']}: the last attempt failed; its partial output is kept in {r['path']} (removed "
-                  f"after a successful run); rerun with `{_run_cmd(lc, '--only', r['stage'])}`")
-    if corrupt:
-        print(f"corrupt outputs: `{verify}` lists every problem; rebuild with "
-              + "; ".join(f"`{_run_cmd(lc, '--only', st, '--force')}`" for st in corrupt))
-
-
-def _registry_status(lc, rows: list[dict]) -> dict | None:
-    """The registry's view of the planned pretrain output (tasks.registry.registry_status), also put on the
-    register row for --json; None when pretrain is not done or nothing is registered anywhere yet."""
-    pre = next((r for r in rows if r["stage"] == "pretrain"), None)
-    if pre is None or pre["status"] != "done":
-        return None
-    prepare_env()
-    from tasks.registry import registry_status
-    info = registry_status(lc, pre["fingerprint"])
-    reg = next((r for r in rows if r["stage"] == "register"), None)
-    if info is not None and reg is not None:
-        reg["registry"] = info
-    return info
-
-
-def cmd_verify(args) -> int:
-    """Full sha256 check of every stored output of the config's plan (or one stage); non-zero exit if any is bad."""
-    from mlm_core import stages
-    from mlm_core.errors import PlanError
-    from mlm_core.store import StageStore
-    lc = _load(args)
-    store = StageStore(lc.workdir)
-    plans = stages.plan(lc, store)
-    if args.stage is not None and args.stage not in plans:
-        raise PlanError(f"mlm verify {args.stage}: unknown stage (stages: {', '.join(plans)})")
-    rows, bad = [], []
-    for name in [args.stage] if args.stage else list(plans):
-        p = plans[name]
-        if p.status != "done":   # nothing stored for this fingerprint: nothing to check
-            rows.append({"stage": name, "status": f"not stored ({p.status})", "fingerprint": p.fingerprint,
-                         "files": 0, "problems": []})
-            continue
-        rep = store.verify(name, p.fingerprint, "always")
-        rows.append({"stage": name, "status": "ok" if rep.ok else "corrupt", "fingerprint": p.fingerprint,
-                     "files": rep.files, "problems": [str(x) for x in rep.problems]})
-        if not rep.ok:
-            bad.append(name)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        print(f"{'stage':<12} {'result':<22} {'fingerprint':<17} {'files':>5}")
-        for r in rows:
-            print(f"{r['stage']:<12} {r['status']:<22} {r['fingerprint']:<17} {r['files']:>5}")
-            for prob in r["problems"]:
-                print(f"{'':<12} {prob}")
-    if bad:
-        print(f"error: {sum(len(r['problems']) for r in rows)} problem(s) in the stored output of "
-              f"{', '.join(bad)}; rebuild with "
-              + "; ".join(f"`{_run_cmd(lc, '--only', st, '--force')}`" for st in bad), file=sys.stderr)
-        return EXIT_CORRUPT
-    return 0
-
-
-def cmd_stats(args) -> int:
-    from mlm_core.stats import language_table
-    lc = _load(args)
-    rows = language_table(lc)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    print(f"sampling α = {lc.config.shards.sampling_alpha}   (p(l) ∝ n_l^α over training tokens)")
-    print(f"{'lang':<5} {'docs':>9} {'tokens':>11} {'sequences':>9} {'natural':>8} {'p(l)':>7} {'upsampling':>10} "
-          f"{'epochs':>7}")
-    for r in rows:
-        ep = "-" if r["expected_epochs"] is None else f"{r['expected_epochs']:.2f}"
-        print(f"{r['lang']:<5} {r['docs']:>9,} {r['tokens']:>11,} {r['sequences']:>9,} {r['natural']:>8.4f} "
-              f"{r['p']:>7.4f} {r['upsampling']:>10.2f} {ep:>7}")
-    return 0
-
-
 def _model_folder(args, lc=None):
     """A context manager giving a local folder for MODEL: a folder as is, or a registry URI resolved with the
     config's tracking settings, else $MLM_TRACKING_URI, else the demo's existing ./.mlm/mlflow.db (never
@@ -226,28 +72,15 @@ def _model_folder(args, lc=None):
     return resolve_model(args.model, uri)
 
 
-def _print_rows(rows: list[dict]) -> None:
-    if not rows:
-        print("  (none)")
-        return
-    cols = list(rows[0])
-    # floats to 4 significant digits: a KL of 2e-06 prints as 2e-06, not 0.0000; nothing computed prints "-"
-    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else "-" if v is None else str(v)  # noqa: E731
-    widths = [max(len(c), *(len(fmt(r.get(c))) for r in rows)) for c in cols]
-    print("  " + "  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-    for r in rows:
-        print("  " + "  ".join(fmt(r.get(c)).ljust(w) for c, w in zip(cols, widths)))
-
-
 def cmd_evaluate(args) -> int:
     from mlm_core import stages
     from mlm_core.evaluate.stage import evaluate_model, intrinsic_rows, transfer_rows
-    lc = _load(args)
+    lc = load_args(args)
     plans = stages.plan(lc)
     for need in ("normalize", "shards"):
         if plans[need].status != "done":
             raise stages.PlanError(f"`mlm evaluate` needs the {need} output (held-out data), which is "
-                                   f"{plans[need].status}: run `{_run_cmd(lc, '--only', need)}` first")
+                                   f"{plans[need].status}: run `{run_cmd(lc, '--only', need)}` first")
     with _model_folder(args, lc) as folder:
         result = evaluate_model(folder, plans["shards"].path, plans["normalize"].path, lc, None)
     if args.json:
@@ -255,18 +88,18 @@ def cmd_evaluate(args) -> int:
         return 0
     print(f"model: {args.model}\nper-language masked-token metrics (held-out split), next to the unigram baseline:")
     # a language without held-out data shows as "-" in every column (the `missing` flag itself is not printed)
-    _print_rows([{k: v for k, v in r.items() if k != "missing"} for r in intrinsic_rows(result)])
+    print_rows([{k: v for k, v in r.items() if k != "missing"} for r in intrinsic_rows(result)])
     print("zero-shot transfer (fine-tuned on the source language only; gap = source - target, positive = lost):")
-    _print_rows(transfer_rows(result))
+    print_rows(transfer_rows(result))
     ret = (result.get("transfer") or {}).get("retrieval") or {}
     if ret:
         print(f"parallel-sentence retrieval ({ret.get('metric', 'accuracy@1')}, layer {ret.get('layer')}, "
               f"pivot {ret.get('pivot')}; chance = 1/n):")
-        _print_rows([{"pair": f"{ret.get('pivot')}-{lang}", **r} for lang, r in sorted((ret.get("pairs") or {}).items())])
+        print_rows([{"pair": f"{ret.get('pivot')}-{lang}", **r} for lang, r in sorted((ret.get("pairs") or {}).items())])
     eff = result.get("efficiency") or {}
     if eff:         # evaluate.efficiency (mlm_core.evaluate.efficiency)
         print(f"efficiency on {eff.get('device')} ({eff.get('device_kind')}):")
-        _print_rows([{"parameters": eff.get("parameters"), "latency_p50_ms": eff["latency_ms"]["p50"],
+        print_rows([{"parameters": eff.get("parameters"), "latency_p50_ms": eff["latency_ms"]["p50"],
                       "latency_p95_ms": eff["latency_ms"]["p95"],
                       "throughput_seq_s": eff["throughput"]["sequences_per_s"],
                       **{f"peak_mb_seq{k}": v for k, v in (eff.get("peak_memory_mb") or {}).items()}}])
@@ -275,19 +108,19 @@ def cmd_evaluate(args) -> int:
 
 def cmd_audit(args) -> int:
     from mlm_core.audit import run_audit
-    lc = _load(args)
+    lc = load_args(args)
     with _model_folder(args, lc) as folder:
         result = run_audit(folder, lc.config.audit, lc.base_dir)
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return 0
     print(f"model: {args.model}\nCrowS-Pairs (% preferring the more stereotypical sentence; 50 = no preference):")
-    _print_rows([{"lang": lang, "n": r.get("n"), "score": r.get("metric_score"), "stereo": r.get("stereo_score"),
+    print_rows([{"lang": lang, "n": r.get("n"), "score": r.get("metric_score"), "stereo": r.get("stereo_score"),
                   "antistereo": r.get("antistereo_score"), "neutral_%": r.get("neutral_pct"),
                   "empty_sentence": r.get("n_empty_sentence"), "skipped": len(r.get("skipped") or [])}
                  for lang, r in sorted(result.get("crows", {}).items())])
     print("templates (Δ_bias = E_w[log p(w|group1) - log p(w|group2)]; KL to neutral):")
-    _print_rows([{"lang": lang, **{f"delta {k}": v for k, v in (t.get("delta_bias") or {}).items()},
+    print_rows([{"lang": lang, **{f"delta {k}": v for k, v in (t.get("delta_bias") or {}).items()},
                   "kl_to_neutral": t.get("kl_to_neutral_mean")} for lang, t in sorted(result.get("templates", {}).items())])
     print(result.get("limits", ""))
     return 0
@@ -295,7 +128,7 @@ def cmd_audit(args) -> int:
 
 def cmd_fill_mask(args) -> int:
     from mlm_core.fillmask import fill_mask
-    with _model_folder(args, _load(args) if args.config else None) as folder:
+    with _model_folder(args, load_args(args) if args.config else None) as folder:
         results = fill_mask(folder, args.text, args.top_k)
     if args.json:
         print(json.dumps(results, indent=2, ensure_ascii=False))
@@ -308,14 +141,14 @@ def cmd_fill_mask(args) -> int:
 
 
 def cmd_run(args) -> int:
-    lc = _load(args)  # fail fast on a bad config, before Prefect starts
+    lc = load_args(args)  # fail fast on a bad config, before Prefect starts
     from mlm_core import stages
     from mlm_core.commands import run_command
     stages.select(stages.plan(lc), only=args.only, from_=args.from_stage,   # fail fast on a missing upstream
                   command=run_command(lc))
     from flows import ephemeral, guard
     guard.check_workdir(lc.workdir)   # writable, some space free: before Prefect puts its database there
-    _adopt_servers(lc)                # `mlm serve` running for this workdir: log to its MLflow and Prefect
+    adopt_servers_for(lc)                # `mlm serve` running for this workdir: log to its MLflow and Prefect
     prepare_env(lc.workdir)
     from mlm_core.train import signals
     previous = signals.install()      # SIGTERM/SIGINT: training checkpoints at the next step, then exits 143/130
@@ -350,16 +183,9 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _adopt_servers(lc) -> None:
-    from flows.served import adopt_servers
-    used = adopt_servers(lc.workdir, tracking_uri_set=bool(lc.config.tracking.uri) or not lc.config.tracking.enabled)
-    if used:
-        print(f"mlm: logging to the servers of `mlm serve` ({', '.join(used)})", file=sys.stderr)
-
-
 def cmd_sync(args) -> int:
-    lc = _load(args)
-    _adopt_servers(lc)
+    lc = load_args(args)
+    adopt_servers_for(lc)
     prepare_env()
     from mlm_core.redact import redact
     from tasks.tracking_sync import sync

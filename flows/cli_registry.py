@@ -29,7 +29,7 @@ def _uri(args) -> str:
 
 
 def _client(args):
-    from flows.cli import prepare_env
+    from flows.cli_util import prepare_env
     prepare_env()
     from tasks.tracking import _client
     return _client(_uri(args))

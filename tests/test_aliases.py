@@ -16,7 +16,7 @@ NAME = "alias-test"
 
 @pytest.fixture
 def registry(tmp_path):
-    from flows.cli import prepare_env
+    from flows.cli_util import prepare_env
     prepare_env()
     from tasks.tracking import _client
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
