@@ -75,8 +75,8 @@ def registry_lock(lc, what: str) -> Iterator[bool]:
     name = lc.config.registry.model_name
     key = hashlib.sha256(name.encode("utf-8")).hexdigest()[:16]     # a name is free text: never a file name
     with file_lock(lock_path(lc.workdir, f"registry-{key}"), f"registry ({name})",
-                   on_wait=lambda h: log.warning("registry: another run is writing model %r (%s); waiting for it, "
-                                                 "then reusing what it registered", name, h)) as waited:
+                   on_wait=lambda h: log.warning("registry: another run is writing model %r (%s); waiting for it before %s, "
+                                                 "then reusing what it registered", name, h, what)) as waited:
         try:
             yield waited
         except MlmError:
