@@ -191,9 +191,11 @@ def cmd_sync(args) -> int:
     from tasks.tracking_sync import sync
     rep = sync(lc)
     print(f"synced {lc.workdir} to {redact(rep['uri'])}: {len(rep['created'])} run(s) created "
-          f"({', '.join(rep['created']) or '-'}), {len(rep['finished'])} left RUNNING finished "
-          f"({', '.join(rep['finished']) or '-'}), {rep['points']} metric point(s) sent, "
-          f"{len(rep['closed'])} run(s) of dead processes closed as FAILED")
+          f"({', '.join(rep['created']) or '-'}), {len(rep['finished'])} left RUNNING given their end "
+          f"({', '.join(rep['finished']) or '-'}), {rep['params']} parameter(s), {rep['tags']} tag(s), "
+          f"{rep['artifacts']} artifact(s) and {rep['points']} metric point(s) sent, "
+          f"{len(rep['closed'])} run(s) of killed processes closed as FAILED"
+          + (f"; {rep['pending']} journal entr(ies) left (their runs are on another server)" if rep["pending"] else ""))
     return 0
 
 

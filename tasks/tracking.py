@@ -280,6 +280,9 @@ class Tracker:
             self._close_stream(run_id)
             self._guard("closing a failed run", self.client.set_terminated, run_id, status=_status(status),
                         end_time=_ms(ended))
+            if not self.active:
+                self._journal(kind="stage", run_id=run_id, status=_status(status),
+                              ended=ended if ended is not None else time.time())
 
     def log_history(self, run_id: str | None, records: list[dict], step_key: str = "step") -> int:
         """Step-indexed metric curves (e.g. a training's metrics.jsonl) on a run; returns the points logged."""
@@ -331,8 +334,14 @@ class Tracker:
             return None
         self._guard("closing the pipeline run", self.client.set_terminated, self._parent, status=_status(status),
                     run="pipeline")
+        if not self.active:     # the server never heard the end: `mlm sync` records it from the workdir's journal
+            self._journal(kind="pipeline", run_id=self._parent, status=_status(status), ended=time.time())
         self._parent = None
         return None
+
+    def _journal(self, **entry) -> None:
+        from tasks.tracking_journal import record
+        record(self.workdir, uri=redact(self.uri), experiment=self.experiment, **entry)
 
     # -- stage (nested) runs
     def log_stage(self, stage: str, *, fingerprint: str, cache_hit: bool, params: dict,
@@ -358,12 +367,17 @@ class Tracker:
             return None
         self._close_stream(run_id)
         status = _status(status)
+        done = None
         if not self.active:
             _undelivered(self.uri, run=stage)
-            return None
-        return self._guard(f"logging the {stage} run", self._log_stage, stage, fingerprint, cache_hit, params,
-                           metrics, artifacts, artifact_dir, dicts, tables, inputs, tags, status, run_id, started,
-                           ended, step, run=stage)
+        else:
+            done = self._guard(f"logging the {stage} run", self._log_stage, stage, fingerprint, cache_hit, params,
+                               metrics, artifacts, artifact_dir, dicts, tables, inputs, tags, status, run_id,
+                               started, ended, step, run=stage)
+        if done is None:     # not recorded: `mlm sync` finds it by (stage, fingerprint) and run id in the journal
+            self._journal(kind="stage", run_id=run_id, stage=stage, fingerprint=str(fingerprint), status=status,
+                          cache_hit=bool(cache_hit), started=started, ended=ended if ended is not None else time.time())
+        return done
 
     def _log_stage(self, stage, fingerprint, cache_hit, params, metrics, artifacts, artifact_dir, dicts, tables,
                    inputs, tags, status, run_id, started=None, ended=None, step=0) -> str:
