@@ -36,14 +36,25 @@ def cmd_report(args) -> int:
           f" -> {res['md']}")
     for m in res["missing"]:
         print(f"  missing: {m['variant']} seed {m['seed']} ({', '.join(m['stages'])})")
+    prim = res.get("primary")
+    if prim is None:
+        print("  no primary metric declared (`primary:` in the sweep file): every table is exploratory, no verdict")
+    else:
+        metric = (doc.get("primary") or {}).get("metric")
+        for c in prim:
+            ci = f"[{c['ci_low']:+.4g}, {c['ci_high']:+.4g}]" if c.get("n") else "—"
+            mean = f"{c['mean']:+.4g}" if c.get("n") else "—"
+            p = "—" if c.get("p_holm") is None else f"{c['p_holm']:.3g}"
+            print(f"  {c['verdict'].upper()}: {metric} {c['variant']} - {c['baseline']} = {mean} {ci} "
+                  f"(n={c.get('n', 0)}, Holm p={p}, expected {c['expect']})")
     if res["logged"]:
         print(f"  logged to MLflow run {res['run_id']} (artifacts report/)")
     return 0
 
 
 def add_parser(sub) -> None:
-    sp = sub.add_parser("report", help="rebuild a sweep's report (tables over seeds, paired differences, plots) "
-                        "from stored outputs, without training")
+    sp = sub.add_parser("report", help="rebuild a sweep's report (verdicts on the primary contrasts, controls, "
+                        "tables over seeds, paired differences, plots) from stored outputs, without training")
     sp.add_argument("sweep", help="sweep YAML (as given to `mlm sweep`)")
     sp.add_argument("--no-log", action="store_true", help="write the report files only (no MLflow logging)")
     sp.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="base config override, as given "

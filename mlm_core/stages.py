@@ -255,6 +255,7 @@ def _run_register(lc, upstream, out_dir):
 # language x document-run partitions; evaluate: efficiency, per-class F1, macro-F1, CV; register: efficiency gates.
 # 4 (issue 20): evaluate: the untrained-encoder control and the gain over it, predictions.parquet, the fine-tune on
 # finetune.threads torch threads (byte-reproducible across processes), finetuned_sha256.
+# 5 (issue 21): evaluate writes intrinsic_documents.parquet (per-document [MASK] top-1 counts for the report).
 STAGES: dict[str, StageSpec] = {
     "normalize": StageSpec("normalize", (), code_version="3", reads=("sources", "normalize"), run=_run_normalize,
                            inputs=_normalize_inputs, derived=_normalize_scripts, partitioned=True,
@@ -269,7 +270,7 @@ STAGES: dict[str, StageSpec] = {
     "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), code_version="2",
                           reads=("pretrain", "seed"), run=_run_pretrain, inputs=_pretrain_inputs,
                           summary="train the encoder (MLM or ELECTRA), checkpoint, export"),
-    "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), code_version="4",
+    "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), code_version="5",
                           reads=("evaluate", "seed", "debias"), run=_run_evaluate, inputs=_evaluate_inputs,
                           summary="per-language metrics and zero-shot transfer"),
     "audit": StageSpec("audit", ("pretrain",), code_version="2", reads=("audit", "debias"), run=_run_audit,

@@ -13,6 +13,10 @@ In: a sweep file such as::
     baseline: p15
     match: none                             # none | flops | tokens (pretrain.steps matched to the baseline's)
     concurrency: 1
+    primary:                                # the one metric and the contrasts the report gives a verdict on
+      metric: mean.top1                     # held-out [MASK]-only top-1, mean over languages (or any metric name)
+      contrasts:
+        - {variant: p40, expect: higher, claim: "40% matches or beats 15% (Wettig et al. 2023)"}
 
 Out: ``Sweep`` (the validated definition, its base config, and one ``SweepRun`` per variant and seed, whose
 ``overrides`` are exactly the ``--set`` words ``mlm run BASE`` takes). With a grid and variants, every variant
@@ -72,6 +76,32 @@ class Variant(_Model):
                                 "{pretrain.masking.rate: 0.4}; validated against the base config.")
 
 
+class Contrast(_Model):
+    """One primary contrast: the variant against a baseline variant, with the direction the paper expects."""
+
+    variant: str = Field(description="The variant whose effect is tested.")
+    baseline: str | None = Field(default=None, description="The variant it is compared with (default: the "
+                                 "sweep's `baseline`).")
+    expect: Literal["higher", "lower"] = Field(description="The paper's expected direction of the primary metric: "
+                                               "the variant's value higher or lower than the baseline's.")
+    claim: str = Field(default="", description="The paper's claim, in words (shown next to the verdict).")
+
+
+class Primary(_Model):
+    """The sweep's confirmatory question: one metric, its contrasts. Everything else in the report is exploratory."""
+
+    metric: str = Field(description="One metric name as the report names it, e.g. mean.top1 (held-out "
+                        "[MASK]-only top-1, mean over languages), en.top1, upos.mean.score; no wildcards.")
+    contrasts: list[Contrast] = Field(min_length=1, description="The primary contrasts; their p-values are "
+                                      "Holm-corrected together.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Primary":
+        if any(c in self.metric for c in "*?[") or not self.metric.strip():
+            raise ValueError(f"metric: {self.metric!r}: give one metric name (no wildcards)")
+        return self
+
+
 class SweepConfig(_Model):
     """A sweep: variants (named and/or a grid) x seeds, each run through the pipeline from a base config."""
 
@@ -92,6 +122,9 @@ class SweepConfig(_Model):
     concurrency: int = Field(default=1, ge=1, description="Runs at once (1: one after another, in this process; "
                              "more: each run in its own `mlm run` process).")
     description: str = Field(default="", description="Free text: what the sweep measures (shown in the report).")
+    primary: Primary | None = Field(default=None, description="The primary metric and contrasts the report "
+                                    "gives verdicts on (supported / contradicted / inconclusive); without it "
+                                    "every table is exploratory and no verdict is written.")
 
     @model_validator(mode="after")
     def _check(self) -> "SweepConfig":
@@ -223,6 +256,16 @@ def load_sweep(path: str | Path, concurrency: int | None = None, overrides: list
     if cfg.baseline is not None and cfg.baseline not in names:
         raise SweepError(f"{path}: baseline: {cfg.baseline!r} is not a variant of this sweep "
                          f"(variants: {', '.join(names)})")
+    for i, c in enumerate(cfg.primary.contrasts if cfg.primary else ()):
+        base_name = c.baseline or cfg.baseline
+        for key, value in (("variant", c.variant), ("baseline", base_name)):
+            if value is None:
+                raise SweepError(f"{path}: primary.contrasts.{i}.baseline: give it, or the sweep's `baseline`")
+            if value not in names:
+                raise SweepError(f"{path}: primary.contrasts.{i}.{key}: {value!r} is not a variant of this sweep "
+                                 f"(variants: {', '.join(names)})")
+        if c.variant == base_name:
+            raise SweepError(f"{path}: primary.contrasts.{i}: variant and baseline are both {c.variant!r}")
     loaded: dict[str, LoadedConfig] = {}
     for name, settings in variants:
         shared = [k for k in settings if _is_shared(k)]
@@ -278,5 +321,6 @@ def sweep_schema_text() -> str:
     return schema_json_text(sweep_json_schema())
 
 
-__all__ = ["SweepConfig", "Variant", "Sweep", "SweepRun", "SweepError", "load_sweep", "read_sweep_config",
+__all__ = ["SweepConfig", "Variant", "Contrast", "Primary", "Sweep", "SweepRun", "SweepError", "load_sweep",
+           "read_sweep_config",
            "expand", "override_word", "model_name_for", "sweep_json_schema", "sweep_schema_text"]

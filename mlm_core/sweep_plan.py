@@ -11,7 +11,8 @@ The dry-run table (also printed before any work) reads, per stage::
     pretrain    4 outputs for 4 runs: 2 done, 2 to run
 
 ``plan.json`` (``<workdir>/sweeps/<name>/plan.json``, the interface the report reads): the sweep's name, file,
-base config, baseline, metrics, match, seeds, the MLflow run, and ``variants``: one entry per run with
+base config, baseline, metrics, primary (metric and contrasts, each with its baseline filled in; null when the
+sweep declares none), match, seeds, the MLflow run, and ``variants``: one entry per run with
 ``name``, ``seed``, ``overrides`` (the ``--set`` words), ``settings``, ``config_fingerprints`` {stage: fp} and
 ``status`` (done / pending before a run; running / done / failed while the sweep runs). Written atomically.
 """
@@ -111,7 +112,11 @@ def plan_document(sp: SweepPlan, status: dict[str, str] | None = None, mlflow_ru
     return {
         "name": cfg.name, "sweep_file": str(sw.path.resolve()), "base": str(sw.base_path), "baseline": cfg.baseline,
         "metrics": list(cfg.metrics), "match": cfg.match, "seeds": list(cfg.seeds), "description": cfg.description,
-        "matched_steps": dict(sw.steps), "mlflow_run_id": mlflow_run_id, "updated": time.time(),
+        "matched_steps": dict(sw.steps),
+        "primary": None if cfg.primary is None else {
+            "metric": cfg.primary.metric,
+            "contrasts": [{"variant": c.variant, "baseline": c.baseline or cfg.baseline, "expect": c.expect,
+                           "claim": c.claim} for c in cfg.primary.contrasts]}, "mlflow_run_id": mlflow_run_id, "updated": time.time(),
         "stages": sp.stage_rows(),
         "variants": [{"name": rp.run.variant, "seed": rp.run.seed, "overrides": list(rp.run.overrides),
                       "settings": rp.run.settings, "config_fingerprints": rp.fingerprints,

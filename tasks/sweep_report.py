@@ -27,6 +27,8 @@ def _metrics(tables: dict) -> dict[str, float]:
     out = {}
     for metric, rows in tables.items():
         for r in rows:
+            if r.get("control"):            # the control's rows: shown in the report, not logged per variant
+                continue
             key = re.sub(r"[^A-Za-z0-9_.\-/ ]", "_", f"report.{r['variant']}.{metric}")
             if r["mean"] is not None:
                 out[f"{key}.mean"] = r["mean"]

@@ -113,13 +113,18 @@ def test_report_tables_files_and_plots(tmp_path):
     res = build_report(_store(tmp_path))
     md = res["md"].read_text(encoding="utf-8")
     t = res["tables"]["en.top1"]
-    base, el = t
+    base, el, ctrl = t
+    # the metric's control, in the same table: the unigram baseline (0.1 in every run)
+    assert ctrl["variant"] == "unigram baseline (control)" and ctrl["mean"] == pytest.approx(0.1) and ctrl["n"] == 6
+    assert el["vs_control"]["mean"] == pytest.approx(0.7667 - 0.1, abs=1e-4)
     assert base["variant"] == "mlm" and base["mean"] == pytest.approx(0.7) and base["std"] == pytest.approx(0.2)
     assert el["diff"]["mean"] == pytest.approx((0.1 + 0.05 + 0.05) / 3)
     assert (el["diff"]["ci_low"], el["diff"]["ci_high"]) == (pytest.approx(0.05), pytest.approx(0.1))
     assert "### `en.top1`" in md and "| mlm | 3/3 | 0.7000 ± 0.2000 | (baseline)" in md
     # electra: sample std of 0.6, 0.75, 0.95 = sqrt((0.1667^2 + 0.0167^2 + 0.1833^2) / 2) = 0.1756
-    assert "| electra | 3/3 | 0.7667 ± 0.1756 | +0.06667 (n=3) | [+0.05, +0.1] |" in md
+    # p: exact sign-flip over 3 seeds whose differences all share a sign: 2 of 8 patterns as extreme
+    assert "| electra | 3/3 | 0.7667 ± 0.1756 | +0.06667 (n=3) | [+0.05, +0.1] | 0.25 |" in md
+    assert "no verdict is given" in md and "(exploratory)" in md
     # the 3 smallest languages by training tokens are zh, de, fr: offsets 6, 5, 4 hundredths
     assert res["tables"]["small3.top1"][0]["mean"] == pytest.approx(0.7 - 0.05)
     assert [r["mean"] for r in res["tables"]["upos.fr.score"]] == [pytest.approx(0.35), pytest.approx(0.7667 / 2, rel=1e-3)]
@@ -195,10 +200,13 @@ def test_mlm_report_cli_lists_missing_runs(tmp_path, monkeypatch, capsys):
     sw = tmp_path / "s.yaml"
     sw.write_text(f"name: cli-sweep\nbase: {repo / 'configs' / 'demo.yaml'}\nseeds: [0, 1]\nbaseline: a\n"
                   "variants:\n  - {name: a, set: {pretrain.masking.rate: 0.15}}\n"
-                  "  - {name: b, set: {pretrain.masking.rate: 0.4}}\nmetrics: [top1]\n", encoding="utf-8")
+                  "  - {name: b, set: {pretrain.masking.rate: 0.4}}\nmetrics: [top1]\n"
+                  "primary: {metric: mean.top1, contrasts: [{variant: b, expect: higher}]}\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path)            # the demo's workdir (.mlm) is relative to the current directory
     assert main(["report", str(sw), "--no-log"]) == 0
     out = capsys.readouterr().out
     assert "report from 0 of 4 run(s)" in out and out.count("missing: ") == 4
+    # the verdict is printed; with nothing stored it can only be inconclusive
+    assert "INCONCLUSIVE: mean.top1 b - a = — — (n=0, Holm p=—, expected higher)" in out
     md = (tmp_path / ".mlm" / "sweeps" / "cli-sweep" / "report" / "report.md").read_text(encoding="utf-8")
     assert "## Missing runs" in md and "| b | 1 | pretrain, evaluate, audit |" in md

@@ -120,7 +120,8 @@ def _score_language(model, shards, lang: str, n_rows: int, special_ids: Mapping[
 
 
 def evaluate_intrinsic(model, shards, cfg, special_ids: Mapping[str, int], seed: int = 0,
-                       counts: dict[str, np.ndarray] | None = None, extended_tokenizer: bool = False) -> dict:
+                       counts: dict[str, np.ndarray] | None = None, extended_tokenizer: bool = False,
+                       documents: dict | None = None) -> dict:
     """Per-language masked-token metrics on the first ``cfg.max_sequences`` validation rows (see module docstring).
 
     ``special_ids``: role -> id for pad, cls, sep, mask (unk optional). ``counts``: precomputed train token
@@ -128,7 +129,8 @@ def evaluate_intrinsic(model, shards, cfg, special_ids: Mapping[str, int], seed:
     has checked that the model's tokenizer extends the shards' (every shard id means the same token, new ids
     appended; ``mlm compare``): a larger model vocabulary is then accepted, ranks run over all of it (a
     predicted new token counts as wrong) and the baseline stays the shards' counts. Default: the vocabulary
-    sizes must match.
+    sizes must match. ``documents``: when given, filled per scored language with the per-document counts behind
+    top-1 (``document_counts``: what ``intrinsic_documents.parquet`` stores).
     """
     import torch
     missing_roles = sorted({"pad", "cls", "sep", "mask"} - set(special_ids))
@@ -160,6 +162,8 @@ def evaluate_intrinsic(model, shards, cfg, special_ids: Mapping[str, int], seed:
                     out[lang] = {"missing": True, "reason": "no masked position in the validation rows"}
                     continue
                 out[lang] = _summarize(s, counts.get(lang), cfg.ece_bins, seed)
+                if documents is not None:
+                    documents[lang] = document_counts(s, counts.get(lang))
                 r = out[lang]
                 log.info("intrinsic: %s: top1 %.3f [%.3f, %.3f] (baseline %s), ppl %.1f, ECE %.3f over %d "
                          "positions in %d documents", lang, r["top1"], r["top1_ci_low"], r["top1_ci_high"],
@@ -190,6 +194,44 @@ def _summarize(s: dict[str, np.ndarray], counts: np.ndarray | None, n_bins: int,
               "top1_over_baseline": r["top1"] - b["top1"], "top1_over_baseline_ci_low": lo,
               "top1_over_baseline_ci_high": hi}
     return r | {"reliability": table}
+
+
+def document_counts(s: dict[str, np.ndarray], counts: np.ndarray | None) -> dict[str, np.ndarray]:
+    """Per held-out document (a [SEP]-delimited segment of a validation row, numbered 0.. in (row, segment)
+    order): ``positions`` scored, ``correct`` (the model's top-1 hits) and ``baseline_correct`` (the unigram
+    baseline's top-1 hits at the same positions; absent without train counts). Summed over documents they give
+    top1 = correct / positions exactly: what a report needs to resample documents (``mlm_core.report``)."""
+    _, g = np.unique(s["group"], return_inverse=True)
+    n = int(g.max()) + 1 if len(g) else 0
+    out = {"positions": np.bincount(g, minlength=n).astype(np.int64),
+           "correct": np.bincount(g, weights=(s["rank"] <= 1).astype(np.float64), minlength=n).astype(np.int64)}
+    if counts is not None and counts.sum() > 0:
+        hit = frequency_ranks(counts)[s["target"].astype(np.int64)] <= 1
+        out["baseline_correct"] = np.bincount(g, weights=hit.astype(np.float64), minlength=n).astype(np.int64)
+    return out
+
+
+DOCUMENTS_FILE = "intrinsic_documents.parquet"
+
+
+def write_documents(documents: dict[str, dict], path: Path) -> Path:
+    """``intrinsic_documents.parquet``: one row per (lang, document): lang, document, positions, correct,
+    baseline_correct (null where the language has no baseline), sorted by lang then document."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    schema = pa.schema([("lang", pa.string()), ("document", pa.int32()), ("positions", pa.int32()),
+                        ("correct", pa.int32()), ("baseline_correct", pa.int32())])
+    cols: dict[str, list] = {k: [] for k in schema.names}
+    for lang in sorted(documents):
+        d = documents[lang]
+        n = len(d["positions"])
+        cols["lang"] += [lang] * n
+        cols["document"] += list(range(n))
+        cols["positions"] += d["positions"].tolist()
+        cols["correct"] += d["correct"].tolist()
+        cols["baseline_correct"] += d["baseline_correct"].tolist() if "baseline_correct" in d else [None] * n
+    pq.write_table(pa.Table.from_pydict(cols, schema=schema), path)
+    return Path(path)
 
 
 def bootstrap_ci(groups: np.ndarray, values: np.ndarray, seed: int = 0, n_boot: int = BOOTSTRAP_SAMPLES,
@@ -296,7 +338,8 @@ def validation_texts(normalize_dir: Path, langs: list[str], fraction: float | No
 
 
 def run_intrinsic(model_dir: Path, shards_dir: Path, normalize_dir: Path | None, cfg, seed: int = 0,
-                  plot_path: Path | None = None, model_hook=None, extended_tokenizer: bool = False) -> dict:
+                  plot_path: Path | None = None, model_hook=None, extended_tokenizer: bool = False,
+                  documents: dict | None = None) -> dict:
     """Load the model folder, the shard set and (for PLL) the normalized documents; returns
     {"intrinsic": evaluate_intrinsic(...), "pll": evaluate_pll(...) or {} without normalize_dir, "mlm_model"}.
     An ELECTRA folder: model.safetensors is the generator, so the MLM metrics and PLL are the generator's
@@ -304,7 +347,8 @@ def run_intrinsic(model_dir: Path, shards_dir: Path, normalize_dir: Path | None,
     metrics (``rtd``: rtd_acc, rtd_auc, rtd_baseline_acc, ...).
     ``plot_path``: also write the reliability diagrams there. ``model_hook(model) -> model``: applied to the
     loaded model before scoring (debias.projection: ``mlm_core.bias.projection``). ``extended_tokenizer``:
-    see ``evaluate_intrinsic``; the pseudo-perplexity always uses the folder's own tokenizer."""
+    see ``evaluate_intrinsic``; the pseudo-perplexity always uses the folder's own tokenizer. ``documents``: filled
+    with the per-document top-1 counts (``evaluate_intrinsic``)."""
     from mlm_core.evaluate.pll import evaluate_pll
     from mlm_core.fillmask import load_model_dir
     from mlm_core.shards.reader import ShardDataset
@@ -314,7 +358,8 @@ def run_intrinsic(model_dir: Path, shards_dir: Path, normalize_dir: Path | None,
     disc = load_discriminator(Path(model_dir))
     with ShardDataset(shards_dir) as ds:
         specials = special_ids_from_manifest(ds.manifest)
-        intrinsic = evaluate_intrinsic(model, ds, cfg, specials, seed=seed, extended_tokenizer=extended_tokenizer)
+        intrinsic = evaluate_intrinsic(model, ds, cfg, specials, seed=seed, extended_tokenizer=extended_tokenizer,
+                                       documents=documents)
         if disc is not None:             # ELECTRA: the MLM metrics above are the generator's; add the discriminator's
             from mlm_core.evaluate.rtd import evaluate_rtd
             for lang, r in evaluate_rtd(model, disc, ds, cfg, specials, seed=seed).items():
@@ -347,5 +392,5 @@ def load_discriminator(model_dir: Path):
     return disc.eval()
 
 
-__all__ = ["bootstrap_ci", "bootstrap_replicates", "evaluate_intrinsic", "expected_calibration_error", "rank_metrics", "unigram_counts", "frequency_ranks",
+__all__ = ["DOCUMENTS_FILE", "document_counts", "write_documents", "bootstrap_ci", "bootstrap_replicates", "evaluate_intrinsic", "expected_calibration_error", "rank_metrics", "unigram_counts", "frequency_ranks",
            "reliability_plot", "run_intrinsic", "special_ids_from_manifest", "validation_texts"]

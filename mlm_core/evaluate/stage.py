@@ -5,8 +5,9 @@ pseudo-perplexity) outputs, and the ``evaluate`` config section. Out: ``evaluati
 ``intrinsic.parquet`` (one row per language, next to the unigram baseline), ``transfer.parquet`` (one
 row per task and target language, with the untrained-encoder control and the gain over it),
 ``predictions.parquet`` (UPOS: one row per target word, the tagger's and the control's tag;
-``mlm_core.evaluate.predictions``), ``reliability.png``. The same code runs on any model folder
-(``mlm evaluate MODEL``) through ``evaluate_model``.
+``mlm_core.evaluate.predictions``), ``intrinsic_documents.parquet`` (per language and held-out document: masked
+positions, the model's and the unigram baseline's top-1 hits; ``intrinsic.write_documents``), ``reliability.png``.
+The same code runs on any model folder (``mlm evaluate MODEL``) through ``evaluate_model``.
 """
 from __future__ import annotations
 
@@ -33,8 +34,12 @@ def evaluate_model(model_dir: Path, shards_dir: Path, normalize_dir: Path | None
     plot = out_dir / "reliability.png" if out_dir is not None else None
     # debias.projection (SentenceDebias): every metric below scores the projected representations
     hook, debias = _projection(lc, model_dir, normalize_dir, out_dir)
+    documents: dict = {}
     result = run_intrinsic(model_dir, shards_dir, normalize_dir, cfg, seed=lc.config.seed, plot_path=plot,
-                           model_hook=hook, extended_tokenizer=extended_tokenizer)
+                           model_hook=hook, extended_tokenizer=extended_tokenizer, documents=documents)
+    if out_dir is not None:         # per-document top-1 counts: the report resamples documents (issue 21)
+        from mlm_core.evaluate.intrinsic import DOCUMENTS_FILE, write_documents
+        write_documents(documents, out_dir / DOCUMENTS_FILE)
     if debias is not None:
         result["debias"] = {"projection": debias}
     if cfg.upos or cfg.classification or cfg.retrieval:

@@ -13,7 +13,9 @@ A run's metrics (one flat dict, the names the manifests use):
   * pretrain's ``metrics`` prefixed ``pretrain.`` (``pretrain.final_loss``, ``pretrain.<lang>.val_loss``...);
   * language groups by training-data size (the shards stage's train tokens per language): ``small3.<m>`` = the
     mean of ``<lang>.<m>`` over the 3 smallest languages, ``large2.<m>`` over the 2 largest (with >= 5 languages;
-    for m in top1, top1_over_baseline, pseudo_perplexity).
+    for m in top1, baseline_top1, top1_over_baseline, pseudo_perplexity).
+  * ``mean.<m>``: the unweighted mean over the scored languages of ``<lang>.<m>`` for m in top1, baseline_top1,
+    top1_over_baseline (held-out [MASK]-only top-1 per language mean, its unigram baseline and the difference).
 And the validation curve: (training FLOPs, mean validation loss over languages) at each eval record of the
 pretrain stage's metrics.jsonl; FLOPs = tokens so far x the stored model's flops_per_token at the run's mean
 measured masking rate (the count the loop's MFU uses).
@@ -22,14 +24,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from mlm_core.errors import MlmError
 
 RUN_STAGES = ("pretrain", "evaluate", "audit")
 REQUIRED = ("pretrain", "evaluate")
-GROUP_METRICS = ("top1", "top1_over_baseline", "pseudo_perplexity")
+GROUP_METRICS = ("top1", "baseline_top1", "top1_over_baseline", "pseudo_perplexity")
+MEAN_METRICS = ("top1", "baseline_top1", "top1_over_baseline")
+LANG = r"[a-z]{2,3}"
+DOC_TOLERANCE = 1e-4       # per-document data must give back the stored metric (scores are rounded to 5 decimals)
 
 
 class ReportError(MlmError, ValueError):
@@ -46,6 +54,10 @@ class Run:
     curve: list = field(default_factory=list)          # [(flops, mean val loss)]
     languages: dict = field(default_factory=dict)      # lang -> train tokens (shards)
     sweep_status: str | None = None                    # what plan.json says
+    source_langs: dict = field(default_factory=dict)   # transfer task -> its source language
+    groups: dict = field(default_factory=dict)         # small3 / large2 -> their languages
+    evaluate_dir: Path | None = None                   # the evaluate output (per-document data: ``doc_data``)
+    _docs: dict = field(default_factory=dict, repr=False)   # cache of ``doc_data``
 
     @property
     def complete(self) -> bool:
@@ -159,6 +171,108 @@ def _derived(ev: dict) -> dict:
     return out
 
 
+def _means(metrics: dict) -> dict:
+    """``mean.<m>``: the mean over the languages that have ``<lang>.<m>`` (module docstring)."""
+    out = {}
+    for m in MEAN_METRICS:
+        vals = [v for k, v in metrics.items() if re.fullmatch(rf"{LANG}\.{m}", k) and isinstance(v, (int, float))]
+        if vals:
+            out[f"mean.{m}"] = sum(vals) / len(vals)
+    return out
+
+
+def _table(path: Path):
+    if not path.is_file():
+        return None
+    import pyarrow.parquet as pq
+    return pq.read_table(path).to_pylist()
+
+
+def _intrinsic_strata(run: "Run", m: str) -> dict | None:
+    """{lang: (numerator, denominator)} per document for ``<lang>.<m>`` from intrinsic_documents.parquet."""
+    from mlm_core.evaluate.intrinsic import DOCUMENTS_FILE
+    if "intrinsic" not in run._docs:
+        rows = _table(run.evaluate_dir / DOCUMENTS_FILE) if run.evaluate_dir else None
+        by: dict[str, list] = {}
+        for r in rows or []:
+            by.setdefault(r["lang"], []).append(r)
+        run._docs["intrinsic"] = by if rows is not None else None
+    by = run._docs["intrinsic"]
+    if by is None:
+        return None
+    out = {}
+    for lang, rows in by.items():
+        den = np.array([r["positions"] for r in rows], dtype=np.float64)
+        cor = np.array([r["correct"] for r in rows], dtype=np.float64)
+        base = [r["baseline_correct"] for r in rows]
+        if m != "top1" and any(b is None for b in base):
+            continue
+        b = np.array(base, dtype=np.float64) if m != "top1" else None
+        out[lang] = (cor if m == "top1" else b if m == "baseline_top1" else cor - b, den)
+    return out
+
+
+def _upos_strata(run: "Run", task: str, key: str) -> dict | None:
+    """{lang: (numerator, denominator)} per sentence for ``<task>.<lang>.<key>`` from predictions.parquet: the
+    test split of each target, the held-out split where the source language was scored on it."""
+    from mlm_core.evaluate.predictions import FILE
+    if "predictions" not in run._docs:
+        run._docs["predictions"] = _table(run.evaluate_dir / FILE) if run.evaluate_dir else None
+    rows = run._docs["predictions"]
+    if rows is None:
+        return None
+    acc: dict[tuple, dict] = {}
+    for r in rows:
+        if r["task"] != task:
+            continue
+        sent = acc.setdefault((r["lang"], r["split"]), {}).setdefault(r["sentence_index"], [0, 0, 0])
+        sent[0] += r["predicted"] is not None and r["predicted"] == r["gold"]
+        sent[1] += r["untrained_predicted"] is not None and r["untrained_predicted"] == r["gold"]
+        sent[2] += 1
+    out = {}
+    for (lang, split), sents in sorted(acc.items()):
+        a = np.array([sents[i] for i in sorted(sents)], dtype=np.float64)
+        num = a[:, 0] if key == "score" else a[:, 1] if key == "untrained_score" else a[:, 0] - a[:, 1]
+        want = run.metrics.get(f"{task}.{lang}.{key}")
+        if want is not None and abs(num.sum() / a[:, 2].sum() - want) <= DOC_TOLERANCE:
+            out[lang] = (num, a[:, 2])
+    return out
+
+
+def doc_data(run: "Run", metric: str):
+    """The per-document data behind ``metric`` for this run (``stats.DocData``), or None when the evaluate output
+    stores none for it (an output written before issue 21, a metric not built from held-out documents) or when
+    it does not give back the stored value within DOC_TOLERANCE."""
+    from mlm_core.report.stats import DocData
+    if metric in run._docs:
+        return run._docs[metric]
+    strata = None
+    parts = metric.split(".")
+    if len(parts) == 2 and parts[1] in MEAN_METRICS and re.fullmatch(LANG, parts[0]):
+        st = _intrinsic_strata(run, parts[1])
+        strata = {parts[0]: st[parts[0]]} if st and parts[0] in st else None
+    elif len(parts) == 2 and parts[0] in ("mean", *run.groups) and parts[1] in MEAN_METRICS:
+        st = _intrinsic_strata(run, parts[1])
+        langs = run.groups.get(parts[0]) or [k.split(".")[0] for k in run.metrics
+                                             if re.fullmatch(rf"{LANG}\.{parts[1]}", k)]
+        strata = {lg: st[lg] for lg in langs} if st and langs and all(lg in st for lg in langs) else None
+    elif len(parts) == 3 and parts[2] in ("score", "untrained_score", "gain_over_untrained"):
+        st = _upos_strata(run, parts[0], parts[2])
+        if st is not None and parts[1] == "mean":
+            targets = [k.split(".")[1] for k in run.metrics if re.fullmatch(
+                rf"{re.escape(parts[0])}\.{LANG}\.{parts[2]}", k)]
+            src = run.source_langs.get(parts[0])
+            targets = [t for t in targets if t != src]
+            strata = {t: st[t] for t in targets} if targets and all(t in st for t in targets) else None
+        elif st is not None:
+            strata = {parts[1]: st[parts[1]]} if parts[1] in st else None
+    dd = DocData(strata) if strata else None
+    if dd is not None and (metric not in run.metrics or abs(dd.value() - run.metrics[metric]) > DOC_TOLERANCE):
+        dd = None
+    run._docs[metric] = dd
+    return dd
+
+
 def _groups(metrics: dict, sizes: dict) -> dict:
     if len(sizes) < 5:
         return {}
@@ -197,16 +311,24 @@ def collect(sweep_dir: Path, plan: dict | None = None) -> tuple[dict, list[Run]]
         if "evaluate" in arts:
             em = arts["evaluate"].manifest
             run.metrics |= dict(em.get("metrics") or {}) | _derived(em)
+            run.metrics |= _means(run.metrics)
+            run.evaluate_dir = Path(arts["evaluate"].path)
+            tasks_cfg = (em.get("config") or {}).get("evaluate") or {}
+            run.source_langs = {t: c.get("source_lang") for t, c in tasks_cfg.items()
+                                if isinstance(c, dict) and c.get("source_lang")}
         if "audit" in arts:
             run.metrics |= dict(arts["audit"].manifest.get("metrics") or {})
         if fps.get("shards") and store.is_complete("shards", fps["shards"]):
             langs = store.load("shards", fps["shards"]).manifest.get("languages") or {}
             run.languages = {lg: int(v.get("tokens_train", 0)) for lg, v in langs.items()}
             run.metrics |= _groups(run.metrics, run.languages)
+            if len(run.languages) >= 5:
+                order = sorted(run.languages, key=lambda lg: (run.languages[lg], lg))
+                run.groups = {"small3": order[:3], "large2": order[-2:]}
         run.metrics = {k: float(v) for k, v in run.metrics.items()
                        if isinstance(v, (int, float)) and not isinstance(v, bool)}
         runs.append(run)
     return plan, runs
 
 
-__all__ = ["Run", "ReportError", "collect", "read_plan", "model_flops_per_token"]
+__all__ = ["Run", "ReportError", "collect", "read_plan", "model_flops_per_token", "doc_data"]
