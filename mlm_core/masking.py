@@ -53,62 +53,20 @@ from mlm_core.config import MaskingConfig
 
 IGNORE_INDEX = -100
 
-_U64 = 1 << 64
-_LOW32 = (1 << 32) - 1
-
-
-def _i64(c: int) -> int:
-    """An unsigned 64-bit constant as the int64 with the same bits."""
-    return c - _U64 if c >= 1 << 63 else c
-
-
-_GOLDEN = _i64(0x9E3779B97F4A7C15)
-_MIX1 = _i64(0xBF58476D1CE4E5B9)
-_MIX2 = _i64(0x94D049BB133111EB)
-# stream offsets: per-position draws and per-span draws walk disjoint stretches of a row's Weyl sequence
-_STREAM_POS = _i64(0xD1B54A32D192ED03)
-_STREAM_SPAN = _i64(0x8CB92BA72F3D8DD7)
-# bit layout of one per-position hash: [63..44] selection key, [43..28] 80/10/10 action, [27..0] random id
-_SEL_BITS, _ACT_SHIFT, _ACT_BITS, _RID_BITS = 20, 28, 16, 28
-# per-span hash: [63..40] length, [39..16] keep key
-_SPAN_BITS = 24
-
-
-def _shr(z: torch.Tensor, k: int) -> torch.Tensor:
-    """Logical right shift of int64 bits (torch's >> is arithmetic on negative values)."""
-    out = z >> k
-    out &= (1 << (64 - k)) - 1
-    return out
-
-
-def _mix(z: torch.Tensor) -> torch.Tensor:
-    """splitmix64 finalizer, in place on a tensor the caller owns; int64 multiplication wraps mod 2**64."""
-    z ^= _shr(z, 30)
-    z *= _MIX1
-    z ^= _shr(z, 27)
-    z *= _MIX2
-    z ^= _shr(z, 31)
-    return z
-
-
-def _mix_int(z: int) -> int:
-    """The same finalizer on a Python int (for the seed key, computed once)."""
-    m = _U64 - 1
-    z &= m
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
-    return _i64(z ^ (z >> 31))
-
-
-def _threshold(prob: float, bits: int) -> int:
-    """An integer key of `bits` uniform bits is below this with probability `prob` (to 2**-bits)."""
-    return int(round(min(max(prob, 0.0), 1.0) * (1 << bits)))
-
-
-def _blend(x: torch.Tensor, where: torch.Tensor, value: torch.Tensor | int) -> torch.Tensor:
-    """``torch.where(where, value, x)`` for int64 by bit masking (torch.where is several times slower on CPU)."""
-    m = where.to(torch.int64).neg_()                          # all ones where selected
-    return x ^ ((x ^ value) & m)
+from mlm_core.mask_primitives import ACT_BITS as _ACT_BITS
+from mlm_core.mask_primitives import ACT_SHIFT as _ACT_SHIFT
+from mlm_core.mask_primitives import GOLDEN as _GOLDEN
+from mlm_core.mask_primitives import RID_BITS as _RID_BITS
+from mlm_core.mask_primitives import SEL_BITS as _SEL_BITS
+from mlm_core.mask_primitives import SPAN_BITS as _SPAN_BITS
+from mlm_core.mask_primitives import STREAM_POS as _STREAM_POS
+from mlm_core.mask_primitives import STREAM_SPAN as _STREAM_SPAN
+from mlm_core.mask_primitives import blend as _blend
+from mlm_core.mask_primitives import mix as _mix
+from mlm_core.mask_primitives import mix_int as _mix_int
+from mlm_core.mask_primitives import shr as _shr
+from mlm_core.mask_primitives import threshold as _threshold
+from mlm_core.mask_primitives import units as _units_of
 
 
 def masking_rate(cfg: MaskingConfig, step: int, total_steps: int) -> float:
@@ -237,12 +195,7 @@ class Masker:
     # -- selection --------------------------------------------------------------------------------------
     @staticmethod
     def _units(cand: torch.Tensor, word_start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Unit (word) index per position and the unit-start flags. Every non-candidate is a unit of its own;
-        a candidate starts a unit at a word start or right after a non-candidate (robust to bad word_start)."""
-        start = word_start | ~cand
-        start[:, 1:] |= ~cand[:, :-1]
-        start[:, 0] = True
-        return start.cumsum(1) - 1, start
+        return _units_of(cand, word_start)
 
     def _select_whole_word(self, cand, word_start, sel_key, thr) -> torch.Tensor:
         uidx, start = self._units(cand, word_start)

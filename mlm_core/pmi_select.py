@@ -1,7 +1,7 @@
 """The ``pmi`` masking strategy's selection (PMI-masking, Levine et al. 2021): whole collocations first, then
 single words, up to the budget p * candidates. The vocabulary comes from ``mlm_core.pmi``.
 
-Matching is on word units (``Masker._units``: a word-start token and its continuation tokens), so it needs no
+Matching is on word units (``mask_primitives.units``: a word-start token and its continuation tokens), so it needs no
 text: a unit's hash mixes its token ids with their offsets in the word; an m-unit n-gram's hash chains its
 units' hashes. ``mlm_core.pmi.hash_phrases`` runs the same function on each vocabulary n-gram encoded as the
 shards encode documents, so a collocation in a packed row hashes to its vocabulary entry (64-bit; a chance
@@ -26,16 +26,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mlm_core.masking import _GOLDEN, _SEL_BITS, _i64, _mix, _shr
+from mlm_core.mask_primitives import GOLDEN as _GOLDEN
+from mlm_core.mask_primitives import SEL_BITS as _SEL_BITS
+from mlm_core.mask_primitives import i64 as _i64
+from mlm_core.mask_primitives import mix as _mix
+from mlm_core.mask_primitives import shr as _shr
+from mlm_core.mask_primitives import units as _units
 
 _WORD_STREAM = _i64(0xA0761D6478BD642F)   # offsets a token's position in its word (wyhash constant)
 _PRIORITY = _i64(0xE7037ED1A0B428DB)      # re-mix constant of the overlap priority (wyhash)
 ROUNDS = 3                                # local-maximum rounds among same-length overlapping occurrences
-
-
-def _units(cand: torch.Tensor, word_start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    from mlm_core.masking import Masker
-    return Masker._units(cand, word_start)
 
 
 def _shift_left(x: torch.Tensor, k: int, fill) -> torch.Tensor:
