@@ -26,6 +26,8 @@ from mlm_core.config import (
 from mlm_core.configio import LoadedConfig
 from mlm_core.errors import PlanError
 from mlm_core.store import Artifact, StageStore, fingerprint
+from mlm_core.train.stage import CODE_VERSION as PRETRAIN_CODE_VERSION
+from mlm_core.train.stage import pretrain_inputs
 
 log = logging.getLogger(__name__)
 Status = Literal["done", "missing", "stale"]
@@ -129,25 +131,6 @@ def _tokenizer_inputs(lc: LoadedConfig):
     field = "tokenizer.from" if cfg.tokenizer.from_ is not None else "pretrain.init_from"
     got = external_input(lc, cfg.tokenizer_from, field, TOKENIZER_FILES)   # a model folder's weights: not read
     return None if got is None else {"from": got}
-
-
-def _pretrain_inputs(lc: LoadedConfig):
-    """The initial checkpoint's content hash (pretrain.init_from); None: a fresh model. An ELECTRA export given
-    by its generator folder ``<run>/hf`` also reads the sibling ``<run>/hf-discriminator``: hashed too.
-    pretrain.bias_regularizer: its word-pair lists' content hashes (``bias_regularizer_lists``)."""
-    from mlm_core.external import discriminator_sibling, folder_hash, resolve_ref
-    bias = None
-    if lc.config.pretrain.bias_regularizer is not None:
-        from mlm_core.bias.regularizer import lists_input
-        bias = {"bias_regularizer_lists": lists_input(lc.config.pretrain.bias_regularizer, lc.base_dir)}
-    ref, field = lc.config.pretrain.init_from, "pretrain.init_from"
-    if ref is None:
-        return bias
-    folder = resolve_ref(ref, lc, field)
-    got = {"content_hash": folder_hash(folder, lc, field)}
-    if (sibling := discriminator_sibling(folder)) is not None:
-        got["discriminator_content_hash"] = folder_hash(sibling, lc, field)
-    return {"init_from": got} | (bias or {})
 
 
 def _run_tokenizer(lc, upstream, out_dir):
@@ -267,8 +250,8 @@ STAGES: dict[str, StageSpec] = {
     "shards": StageSpec("shards", ("normalize", "tokenizer"), code_version="3", reads=("shards",), run=_run_shards,
                         inputs=_shards_inputs, derived=lambda lc: {"languages": lc.config.languages}, partitioned=True,
                         summary="encode, pack and write Arrow shards with the language sampling table"),
-    "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), code_version="2",
-                          reads=("pretrain", "seed"), run=_run_pretrain, inputs=_pretrain_inputs,
+    "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), code_version=PRETRAIN_CODE_VERSION,
+                          reads=("pretrain", "seed"), run=_run_pretrain, inputs=pretrain_inputs,
                           summary="train the encoder (MLM or ELECTRA), checkpoint, export"),
     "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), code_version="5",
                           reads=("evaluate", "seed", "debias"), run=_run_evaluate, inputs=_evaluate_inputs,

@@ -2,8 +2,8 @@
 
 One module fixture: normalize -> tokenizer -> shards -> pretrain (objective electra, a fresh tiny pair) on the
 en/ru fox corpus with tracking on (the SQLite store ``<workdir>/mlflow.db``); the pretrain output is registered
-as the pretrain stage registers it (``tasks.registry.register_pretrained``: the pyfunc MLflow model holding
-``hf/`` and ``hf-discriminator/``) and gets the alias ``champion``. A second config in the same workdir sets
+as the pretrain stage registers it (``tasks.registry.register_pretrained``: the transformers-flavor MLflow model,
+the generator's ``hf/`` export as its ``model/``, ``hf-discriminator/`` next to it) and gets the alias ``champion``. A second config in the same workdir sets
 ``pretrain.init_from: models:/NAME@champion`` (objective electra) and runs the stages again.
 
 The checks read the registered version independently of our loader: its files are downloaded here with
@@ -24,6 +24,9 @@ from test_init_from import hf_loss, hf_model, masked_rows, run_stages, write_con
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 NAME, ALIAS = "electra-reg", "champion"
 REF = f"models:/{NAME}@{ALIAS}"
+# where the pretrain output's folders sit in the registered MLflow model (transformers flavor: the generator's
+# export is its model/ folder)
+REG_DIRS = {"hf": "model", "hf-discriminator": "hf-discriminator"}
 FRESH = {"init_from": None, "objective": "electra", "electra": {"generator_fraction": 0.5},
          "model": {"hidden": 32, "layers": 2, "heads": 2, "ffn": 64, "max_positions": 64}}
 
@@ -63,7 +66,7 @@ def test_the_registered_version_is_the_electra_pair(continued):
     """What the registry holds: both halves, byte-equal to the first run's export, in their transformers classes."""
     reg, pre = continued["registered"], continued["first"]["pretrain"].path
     for sub, cls in (("hf", "ElectraForMaskedLM"), ("hf-discriminator", "ElectraForPreTraining")):
-        folder = reg / "artifacts" / sub
+        folder = reg / REG_DIRS[sub]
         assert _sha(folder / "model.safetensors") == _sha(pre / sub / "model.safetensors"), sub
         assert type(hf_model(folder)).__name__ == cls
 
@@ -80,8 +83,8 @@ def test_the_stage_starts_from_exactly_the_registered_pair(continued):
     arts = c["second"]
     lc = load_config(c["cfg"], [f"pretrain.init_from={REF}"])
     model = build(lc.config.pretrain, prepare(lc, arts["shards"], arts["tokenizer"])).eval()
-    gen_hf = hf_model(c["registered"] / "artifacts" / "hf")
-    disc_hf = hf_model(c["registered"] / "artifacts" / "hf-discriminator")
+    gen_hf = hf_model(c["registered"] / REG_DIRS["hf"])
+    disc_hf = hf_model(c["registered"] / REG_DIRS["hf-discriminator"])
     ids, att, _ = masked_rows(arts["shards"])
     seg, real = (att > 0).long(), att > 0
     with torch.no_grad():
@@ -103,15 +106,15 @@ def test_it_imports_the_version_fingerprints_both_halves_and_exports_a_pair(cont
     assert rec["version"] == c["version"] and rec["ref"] == REF
     gen_dir = imported / rec["model_dir"]            # the generator (hf/): what init_from resolves to
     assert gen_dir.name == "hf"
-    assert _sha(gen_dir / "model.safetensors") == _sha(c["registered"] / "artifacts" / "hf" / "model.safetensors")
+    assert _sha(gen_dir / "model.safetensors") == _sha(c["registered"] / REG_DIRS["hf"] / "model.safetensors")
     assert _sha(gen_dir.parent / "hf-discriminator" / "model.safetensors") == \
-        _sha(c["registered"] / "artifacts" / "hf-discriminator" / "model.safetensors")
-    from mlm_core import stages
+        _sha(c["registered"] / REG_DIRS["hf-discriminator"] / "model.safetensors")
     from mlm_core.configio import load_config
     from mlm_core.external import content_hash
-    fp_inputs = stages._pretrain_inputs(load_config(c["cfg"], [f"pretrain.init_from={REF}"]))["init_from"]
-    assert fp_inputs == {"content_hash": content_hash(c["registered"] / "artifacts" / "hf"),
-                         "discriminator_content_hash": content_hash(c["registered"] / "artifacts" / "hf-discriminator")}
+    from mlm_core.train.stage import pretrain_inputs
+    fp_inputs = pretrain_inputs(load_config(c["cfg"], [f"pretrain.init_from={REF}"]))["init_from"]
+    assert fp_inputs == {"content_hash": content_hash(c["registered"] / REG_DIRS["hf"]),
+                         "discriminator_content_hash": content_hash(c["registered"] / REG_DIRS["hf-discriminator"])}
     assert type(hf_model(pre.path / "hf")).__name__ == "ElectraForMaskedLM"
     assert type(hf_model(pre.path / "hf-discriminator")).__name__ == "ElectraForPreTraining"
 
@@ -122,15 +125,15 @@ def test_continued_training_lowers_both_losses(continued):
     corruption (every 5th real token swapped for another id drawn with a fixed seed)."""
     import torch
     c = continued
-    reg, out = c["registered"] / "artifacts", c["second"]["pretrain"].path
+    reg, out = c["registered"], c["second"]["pretrain"].path
     batch = masked_rows(c["second"]["shards"])
-    lb, la = hf_loss(hf_model(reg / "hf"), batch), hf_loss(hf_model(out / "hf"), batch)
+    lb, la = hf_loss(hf_model(reg / REG_DIRS["hf"]), batch), hf_loss(hf_model(out / "hf"), batch)
     assert la < lb - 0.2, (lb, la)
     ids, att, labels = batch
     picked = labels != -100
     orig = torch.where(picked, labels, ids)
     g = torch.Generator().manual_seed(0)
-    V = hf_model(reg / "hf").config.vocab_size
+    V = hf_model(reg / REG_DIRS["hf"]).config.vocab_size
     repl = torch.randint(5, V, orig.shape, generator=g)                 # above the 5 special ids
     repl = torch.where(repl == orig, 5 + (repl - 5 + 1) % (V - 5), repl)   # a replacement never equals the original
     corrupted = torch.where(picked, repl, orig)
@@ -139,7 +142,7 @@ def test_continued_training_lowers_both_losses(continued):
     def disc_loss(folder):
         with torch.no_grad():
             return float(hf_model(folder)(input_ids=corrupted, attention_mask=att, labels=rtd).loss)
-    db, da = disc_loss(reg / "hf-discriminator"), disc_loss(out / "hf-discriminator")
+    db, da = disc_loss(reg / REG_DIRS["hf-discriminator"]), disc_loss(out / "hf-discriminator")
     assert da < db - 0.1, (db, da)
 
 

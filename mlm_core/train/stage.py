@@ -45,9 +45,31 @@ from mlm_core.errors import StageError
 log = logging.getLogger(__name__)
 
 
+# the stage's code version (``mlm_core.stages`` reads it): in its fingerprint and its trajectory key
+CODE_VERSION = "2"
+
+
+def pretrain_inputs(lc) -> dict | None:
+    """The stage's ``inputs`` (``mlm_core.stages``), in its fingerprint and its trajectory key: the initial
+    checkpoint's content hash (pretrain.init_from); None: a fresh model. An ELECTRA export given by its generator folder ``<run>/hf`` also reads the sibling ``<run>/hf-discriminator``: hashed too.
+    pretrain.bias_regularizer: its word-pair lists' content hashes (``bias_regularizer_lists``)."""
+    from mlm_core.external import discriminator_sibling, folder_hash, resolve_ref
+    bias = None
+    if lc.config.pretrain.bias_regularizer is not None:
+        from mlm_core.bias.regularizer import lists_input
+        bias = {"bias_regularizer_lists": lists_input(lc.config.pretrain.bias_regularizer, lc.base_dir)}
+    ref, field = lc.config.pretrain.init_from, "pretrain.init_from"
+    if ref is None:
+        return bias
+    folder = resolve_ref(ref, lc, field)
+    got = {"content_hash": folder_hash(folder, lc, field)}
+    if (sibling := discriminator_sibling(folder)) is not None:
+        got["discriminator_content_hash"] = folder_hash(sibling, lc, field)
+    return {"init_from": got} | (bias or {})
+
+
 def trajectory_key(lc, upstream: dict) -> str:
     """The training-trajectory key: equal for two configs exactly when their training runs are the same."""
-    from mlm_core.stages import STAGES
     from mlm_core.train.checkpoint import config_fingerprint
     from mlm_core.train.loop import train_fingerprint
 
@@ -55,21 +77,14 @@ def trajectory_key(lc, upstream: dict) -> str:
     # shards.token_budget) keeps the trajectory; outputs written before output keys fall back to the fingerprint
     ups = {u: upstream[u].manifest.get("output_key") or upstream[u].fingerprint for u in ("shards", "tokenizer")}
     cfg = lc.config.pretrain
-    init = _init_input(lc)
+    inputs = pretrain_inputs(lc) or {}
+    init = inputs.get("init_from")
     if init is not None:     # the checkpoint's content hash, not its path: moved files keep the trajectory
         cfg = cfg.model_copy(update={"init_from": None})
-    key = {"train": train_fingerprint(cfg, lc.config.train_seed), "upstream": ups,
-           "code_version": STAGES["pretrain"].code_version}
-    lists = (STAGES["pretrain"].inputs(lc) or {}).get("bias_regularizer_lists")    # their content, not their path
+    key = {"train": train_fingerprint(cfg, lc.config.train_seed), "upstream": ups, "code_version": CODE_VERSION}
+    lists = inputs.get("bias_regularizer_lists")    # their content, not their path
     return config_fingerprint(key | ({"init_from": init} if init is not None else {})
                               | ({"bias_regularizer_lists": lists} if lists else {}))
-
-
-def _init_input(lc) -> dict | None:
-    """init_from's content hash(es), as the pretrain stage's fingerprint records them (``mlm_core.stages``)."""
-    from mlm_core.stages import STAGES
-    got = STAGES["pretrain"].inputs(lc)
-    return None if got is None else got.get("init_from")
 
 
 def default_checkpoint_dir(lc, upstream: dict) -> Path:
