@@ -1,13 +1,20 @@
-"""The trained model as an MLflow model: logged with the ``python_function`` flavor and registered.
+"""The trained model as an MLflow model, logged and registered.
 
 In: a pretrain output (``hf/`` Hugging Face export, or our own weights folder; ELECTRA also ``hf-discriminator/``),
-the stage's MLflow run. Out: a LoggedModel (``models:/m-<id>``) holding ``MLmodel``, a signature, an input
-example, the fill-mask code (``tasks/pyfunc_fillmask.py``, models from code: no pickle) and the model folders
-as pyfunc artifacts under ``artifacts/``; and a new version of the registered model made from it. So
-``mlflow.pyfunc.load_model("models:/NAME@ALIAS").predict(...)`` fills masks, ``mlflow models serve -m
-models:/NAME@ALIAS --env-manager local`` serves it, and the MLflow UI's version page finds its MLmodel.
+the stage's MLflow run. Out: a LoggedModel (``models:/m-<id>``) and a new version of the registered model made
+from it, with a signature (the fill-mask table, param ``top_k``) and an input example; nothing pickled.
 
-``model_dir_in`` maps a downloaded version back to the folder ``mlm fill-mask`` / ``mlm evaluate`` read.
+* With an ``hf/`` export (BERT, RoFormer, ModernBERT, ELECTRA's generator): MLflow's ``transformers`` flavor, task
+  fill-mask (``tasks.mlflow_hf_model``: ``model/`` is the export byte for byte; ELECTRA's ``hf-discriminator/``
+  travels next to it). Its pyfunc (``tasks/fillmask_serving.py``, shipped in the model) needs transformers, not
+  this project: ``mlflow models serve -m models:/NAME@ALIAS`` serves it in any environment with transformers.
+* Without one (our own weights folder only): the ``python_function`` flavor from code (``tasks/pyfunc_fillmask.py``)
+  with the files as artifacts under ``artifacts/weights``; loading it needs mlm-pipeline installed.
+  Also the fallback when transformers is not installed where the pipeline runs. The log line says which.
+
+Either way ``mlflow.pyfunc.load_model("models:/NAME@ALIAS").predict([...])`` fills masks and the MLflow UI's
+version page finds its MLmodel. ``model_dir_in`` maps a downloaded version back to the folder ``mlm fill-mask`` /
+``mlm evaluate`` / ``pretrain.init_from`` read.
 """
 from __future__ import annotations
 
@@ -21,14 +28,16 @@ CODE = Path(__file__).with_name("pyfunc_fillmask.py")
 WEIGHT_FILES = ("model.safetensors", "tokenizer.json", "model_config.json")
 # the packages the fill-mask code imports; mlm-pipeline itself is not on an index: serve with --env-manager local
 REQUIREMENTS = ("mlm-pipeline", "mlflow", "torch", "tokenizers", "safetensors", "pandas")
+# the transformers flavor's: no mlm-pipeline
+HF_REQUIREMENTS = ("mlflow", "transformers", "torch", "tokenizers", "safetensors", "pandas")
 
 
-def _requirements() -> list[str]:
+def _requirements(packages=REQUIREMENTS) -> list[str]:
     """Pinned to what is installed (recorded for the reader; never resolved: pip_requirements given skips
     MLflow's requirement inference, which would load the model in a subprocess)."""
     from importlib.metadata import PackageNotFoundError, version
     out = []
-    for pkg in REQUIREMENTS:
+    for pkg in packages:
         try:
             v = version(pkg)
         except PackageNotFoundError:
@@ -105,31 +114,64 @@ def _register(client, name: str, model_uri: str, model_id: str, run_id: str, tag
     return int(mv.version)
 
 
+def _transformers_missing() -> bool:
+    from importlib.util import find_spec
+    return find_spec("transformers") is None
+
+
 def _log(pretrain_dir: Path, run_id: str) -> tuple[str, str]:
-    """(model id, models:/m-<id> URI) of the pyfunc model logged to ``run_id`` (process-wide tracking URI)."""
+    """(model id, models:/m-<id> URI) of the model logged to ``run_id`` (process-wide tracking URI): the
+    transformers flavor for an ``hf/`` export, else the project's pyfunc (see the module docstring)."""
     import tempfile
 
     import mlflow
     from mlflow.models import Model
+    pretrain_dir = Path(pretrain_dir)
+    # created in the run's experiment: left to Model.log it lands in the default experiment 0, whose artifacts
+    # go to ./mlruns in whatever the current directory is, not to the workdir
+    experiment = mlflow.MlflowClient().get_run(run_id).info.experiment_id
+    if (pretrain_dir / "hf").is_dir() and not _transformers_missing():
+        from tasks import mlflow_hf_model
+        example = [f"The capital of France is {mask_token(pretrain_dir / 'hf')}."]
+        lm = mlflow.initialize_logged_model(name="model", source_run_id=run_id, experiment_id=experiment)
+        info = Model.log(artifact_path=None, name="model", flavor=mlflow_hf_model, run_id=run_id,
+                         model_id=lm.model_id, pretrain_dir=pretrain_dir, signature=signature(),
+                         input_example=example, pip_requirements=_requirements(HF_REQUIREMENTS),
+                         flavor_name="transformers")
+        log.info("model logged with MLflow's transformers flavor (fill-mask%s): loads and serves wherever "
+                 "transformers is installed", ", the discriminator in hf-discriminator/"
+                 if (pretrain_dir / mlflow_hf_model.DISCRIMINATOR).is_dir() else "")
+        return info.model_id, info.model_uri
+    why = ("has no Hugging Face export (hf/)" if not (pretrain_dir / "hf").is_dir()
+           else "has an hf/ export but transformers is not installed here (pip install transformers)")
     with tempfile.TemporaryDirectory(prefix="mlm-pyfunc-") as scratch:
         arts = model_artifacts(pretrain_dir, Path(scratch))
         example = [f"The capital of France is {mask_token(next(iter(arts.values())))}."]
-        # created in the run's experiment: left to Model.log it lands in the default experiment 0, whose artifacts
-        # go to ./mlruns in whatever the current directory is, not to the workdir
-        experiment = mlflow.MlflowClient().get_run(run_id).info.experiment_id
         lm = mlflow.initialize_logged_model(name="model", source_run_id=run_id, experiment_id=experiment)
         info = Model.log(artifact_path=None, name="model", flavor=mlflow.pyfunc, run_id=run_id, model_id=lm.model_id,
                          python_model=str(CODE), artifacts=arts, signature=signature(), input_example=example,
                          pip_requirements=_requirements(), flavor_name="python_function")
+    log.warning("%s %s: model logged with the project's python_function code (tasks/pyfunc_fillmask.py), "
+                "not the transformers flavor; loading or serving it needs mlm-pipeline installed "
+                "(mlflow models serve ... --env-manager local)", pretrain_dir, why)
     return info.model_id, info.model_uri
 
 
 def model_dir_in(folder: Path) -> Path:
-    """The model folder inside a downloaded version: the pyfunc's ``hf`` (or ``weights``) artifact when the
-    folder is an MLflow model (``MLmodel``), else the folder itself (versions registered as plain files)."""
+    """The model folder inside a downloaded version (a folder this process owns): for the transformers flavor its
+    ``model/`` (the ``hf/`` export), RENAMED ``hf/`` in place, the pretrain output's name, so an ELECTRA generator
+    finds its ``hf-discriminator/`` sibling as in a pretrain output (the download no longer loads as an MLflow
+    model afterwards); for the project's pyfunc its ``hf`` (or ``weights``) artifact; else the folder itself
+    (versions registered as plain files)."""
+    from tasks.mlflow_hf_model import MODEL_DIR, is_transformers_model
     folder = Path(folder)
     if not (folder / "MLmodel").is_file():
         return folder
+    if is_transformers_model(folder):
+        if (folder / MODEL_DIR).is_dir() and not (folder / "hf").exists():
+            (folder / MODEL_DIR).rename(folder / "hf")
+        if (folder / "hf").is_dir():
+            return folder / "hf"
     for sub in ("hf", "weights"):
         if (folder / "artifacts" / sub).is_dir():
             return folder / "artifacts" / sub

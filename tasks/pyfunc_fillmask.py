@@ -1,4 +1,6 @@
-"""MLflow "models from code" script: the registered model's ``python_function`` flavor (fill-mask).
+"""MLflow "models from code" script: the registered model's ``python_function`` flavor (fill-mask) when the
+pretrain output has no Hugging Face export (our own weights folder only); models with an ``hf/`` export are
+logged with the transformers flavor instead (``tasks.mlflow_hf_model``, ``tasks/fillmask_serving.py``).
 
 Never imported by the pipeline: ``tasks.mlflow_model`` passes this file's *path* to ``mlflow.pyfunc.log_model``,
 which copies it into the logged model, and ``mlflow.pyfunc.load_model`` / ``mlflow models serve`` execute it.
