@@ -7,7 +7,6 @@ fingerprints its runs have now, the statuses and MLflow run recorded in plan.jso
 """
 from __future__ import annotations
 
-import sys
 
 
 def report_plan(sweep) -> dict:
