@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import tempfile
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -46,25 +45,6 @@ def model_files(art: Artifact) -> tuple[list[Path], str, str]:
     files = [art.path / n for n in ("model.safetensors", "tokenizer.json", "model_config.json")
              if (art.path / n).exists()]
     return files, "model/weights", "model/weights"
-
-
-BARRIER_ENV = "MLM_TEST_REGISTRY_BARRIER"
-
-
-def _test_barrier() -> Path | None:
-    """Test hook: with ``$MLM_TEST_REGISTRY_BARRIER=FOLDER`` a run arriving at registration writes
-    ``FOLDER/<pid>.arrived`` (the time) and waits, up to 120 s, until two runs have arrived; so a test can make
-    two real runs reach registration together and prove they overlapped. Unset (always, outside tests): no-op."""
-    spec = os.environ.get(BARRIER_ENV)
-    if not spec:
-        return None
-    folder = Path(spec)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{os.getpid()}.arrived").write_text(repr(time.time()), encoding="utf-8")
-    deadline = time.monotonic() + 120
-    while len(list(folder.glob("*.arrived"))) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return folder
 
 
 @contextlib.contextmanager
@@ -102,18 +82,14 @@ def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | 
     No alias: ``candidate`` waits for the evaluate stage (``after_evaluate``)."""
     if not tracker.enabled or run_id is None:
         return None
-    barrier = _test_barrier()
     with registry_lock(lc, f"registering pretrain output {art.fingerprint}"):
-        t_in = time.time()
-        version = _register_pretrained(art, tracker, run_id, lc)
-        if barrier is not None:
-            (barrier / f"{os.getpid()}.interval").write_text(f"{t_in!r} {time.time()!r} {version}", encoding="utf-8")
-    return version
+        return _register_pretrained(art, tracker, run_id, lc)
 
 
 def _register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str, lc) -> int | None:
     history = art.path / "metrics.jsonl"
-    streamed = tracker.client.get_metric_history(run_id, "train.loss")
+    from tasks.metric_names import mlflow_name
+    streamed = tracker.client.get_metric_history(run_id, mlflow_name("pretrain", "loss", "train"))
     if history.exists() and not streamed:   # a cached rerun: give its run the training curves too
         import json
         records = [json.loads(line) for line in history.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -1,8 +1,9 @@
 """Two real `mlm run` on one fresh workdir reach registration together and register one version (issue 24 item 2).
 
-The runs are made to overlap, not hoped to: ``$MLM_TEST_REGISTRY_BARRIER`` (tasks.registry._test_barrier) makes
-each run write ``<pid>.arrived`` when it reaches registration and wait there until both have arrived; inside the
-registry lock each writes ``<pid>.interval`` (entered, left, version). Both arrival times precede both exits from
+The runs are made to overlap, not hoped to: a ``sitecustomize`` put on the runs' PYTHONPATH by this test (no hook in
+the project's code) wraps ``tasks.registry`` when it is imported, so that each run writes ``<pid>.arrived`` when it
+reaches registration and waits there until both have arrived; inside the registry lock each writes
+``<pid>.interval`` (entered, left, version). Both arrival times precede both exits from
 registration, so the two runs were in registration at once; then one of them waited on the registry lock.
 Before the fix the two runs both found no version and registered two (version 1 left ``evaluation=pending``), or
 one died on SQLite's UNIQUE constraint on ``model_version_tags`` with exit 1.
@@ -25,6 +26,54 @@ NAME = "concurrent-model"
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+BARRIER = r'''
+import contextlib, importlib.abc, importlib.machinery, os, sys, time
+from pathlib import Path
+
+FOLDER = Path(os.environ["REGISTRY_BARRIER_DIR"])
+
+
+def _patch(reg):
+    lock, register = reg.registry_lock, reg._register_pretrained
+
+    @contextlib.contextmanager
+    def barrier_lock(lc, what):
+        if what.startswith("registering pretrain output"):      # arrive, then wait (<= 120 s) for the other run
+            FOLDER.mkdir(parents=True, exist_ok=True)
+            (FOLDER / f"{os.getpid()}.arrived").write_text(repr(time.time()))
+            deadline = time.monotonic() + 120
+            while len(list(FOLDER.glob("*.arrived"))) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        with lock(lc, what) as waited:
+            yield waited
+
+    def timed_register(art, tracker, run_id, lc):              # runs inside the lock
+        t_in = time.time()
+        version = register(art, tracker, run_id, lc)
+        (FOLDER / f"{os.getpid()}.interval").write_text(f"{t_in!r} {time.time()!r} {version}")
+        return version
+
+    reg.registry_lock, reg._register_pretrained = barrier_lock, timed_register
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "tasks.registry":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _patch(module)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Finder())
+'''
+
+
 def _env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in ("PREFECT_API_URL", "PREFECT_HOME", "MLM_TRACKING_URI", "MLFLOW_TRACKING_URI", "MLM_VERBOSE")}
@@ -43,7 +92,11 @@ def test_two_runs_overlapping_at_registration_register_one_version(tmp_path):
     work = tmp_path / "work"
     barrier = tmp_path / "barrier"
     assert not work.exists()
-    env = _env(MLM_TEST_REGISTRY_BARRIER=str(barrier))
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(BARRIER, encoding="utf-8")
+    env = _env(REGISTRY_BARRIER_DIR=str(barrier))
+    env["PYTHONPATH"] = f"{hook}{os.pathsep}{env['PYTHONPATH']}"
     t0 = time.monotonic()
     procs = [subprocess.Popen([*MLM, "run", str(cfg)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
