@@ -42,8 +42,9 @@ def run_pipeline(config_path: str, overrides: list[str] | None = None, only: str
     tracker = Tracker(lc.config.tracking, lc.workdir)
     what = f"only {only}" if only else f"from {from_stage}" if from_stage else "all stages"
     link = sweep_link.current()     # started by `mlm sweep`: nest under the sweep's run, tagged variant and seed
-    parent = tracker.start_pipeline(link.get("run_name") or pipeline_run_name(lc.config.name, only, from_stage),
-                                    params={"config_path": config_path, "overrides": overrides,  # "demo · all · 12-01 16:40"
+    parent = tracker.start_pipeline(link.get("run_name") or pipeline_run_name(lc.config.name, only, from_stage,
+                                                                               overrides=overrides),
+                                    params={"config_path": config_path, "overrides": overrides,  # "lr=0.001 · only shards · demo · 12-01 16:40"
                                             "selection": what, "force": force},
                                     tags={"stages": ",".join(chosen), **(link.get("tags") or {})},
                                     parent=link.get("parent_run_id"))

@@ -32,10 +32,11 @@ class CompareRefError(MlmError, ValueError):
 
 def _registry_info(ref: str, uri: str) -> dict:
     """name, version (the number an alias or ``latest`` resolves to now), alias, the producing run and its
-    training languages (its ``<lang>.val_acc`` metrics), and the version's UI link on an http server."""
+    training languages (its ``val/<lang>/acc`` metrics), and the version's UI link on an http server."""
     from mlflow.exceptions import MlflowException
 
     from tasks import tracking
+    from tasks.metric_names import val_acc_languages
     from tasks.registry import _parse_ref
     from tasks.tracking_backend import _is_http
     name, alias, version = _parse_ref(ref)
@@ -63,8 +64,7 @@ def _registry_info(ref: str, uri: str) -> dict:
     if mv.run_id:
         try:
             metrics = client.get_run(mv.run_id).data.metrics
-            langs = sorted(k[: -len(".val_acc")] for k in metrics if k.endswith(".val_acc") and k.count(".") == 1)
-            info["training_languages"] = langs or None
+            info["training_languages"] = val_acc_languages(metrics) or None
         except MlflowException:     # the producing run was deleted: the version still resolves
             pass
     return info

@@ -176,7 +176,14 @@ def run_tags(stage: str, art: Artifact) -> dict[str, str]:
 
 
 def flat_metrics(manifest: dict) -> dict[str, float]:
-    """Totals plus per-language figures as ``<lang>.<name>`` metrics."""
+    """Totals plus per-language figures, keyed by their MLflow names (``tasks.metric_names``: the manifest's
+    ``<lang>.<name>`` of stage S becomes e.g. ``eval/<lang>/<name>``). Live runs and ``mlm sync`` both log these."""
+    from tasks.metric_names import mlflow_metrics
+    return mlflow_metrics(str(manifest.get("stage") or ""), manifest_metrics(manifest))
+
+
+def manifest_metrics(manifest: dict) -> dict[str, float]:
+    """Totals plus per-language figures as stored in the manifest (``<lang>.<name>``)."""
     out: dict[str, float] = {}
     for k, v in manifest.get("counts", {}).items():
         if isinstance(v, (int, float)):

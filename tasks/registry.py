@@ -103,10 +103,10 @@ def _register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str, 
     from mlm_core.modelcard import summary
     from tasks.mlflow_model import log_and_register
     up = art.manifest.get("upstream", {})
+    # a handful of tags, so the version page shows them (and its aliases) at a glance: the fingerprints that
+    # identify it (pretrain's is also its config's), then the verdicts; flavor and format are in its MLmodel
     tags = {"pretrain_fingerprint": art.fingerprint, "shards_fingerprint": up.get("shards", ""),
             "tokenizer_fingerprint": up.get("tokenizer", ""), "data_fingerprint": up.get("normalize", ""),
-            "config_fingerprint": art.fingerprint,
-            "export": art.manifest.get("export") or "none", "format": "safetensors", "flavor": "python_function",
             "evaluation": "pending"}
     version = log_and_register(art.path, run_id, name, tags, summary(art.manifest), tracker.uri)
     log.info("registered %s version %s (no alias until it passes evaluation)", name, version)
@@ -160,8 +160,8 @@ def _set_evaluation(tracker: tracking.Tracker, lc, pretrain_fingerprint: str | N
         return None
     client = tracker.client
     passed = not reasons
-    tracking.tag_version(tracker, name, version, {"evaluation": "passed" if passed else "failed",
-                                                  "evaluation_failed": "; ".join(reasons)[:4000] or "none"})
+    tracking.tag_version(tracker, name, version, {"evaluation": "passed" if passed else "failed"})
+    _set_or_drop(tracker, name, version, "evaluation_failed", "; ".join(reasons)[:4000])
     current = aliases.holder(client, name, "candidate")
     if passed and (current is None or current <= version):
         aliases.move(client, name, "candidate", version, "pipeline", "passed evaluation")
@@ -272,9 +272,10 @@ def _promote(art: Artifact, tracker: tracking.Tracker, run_id: str, lc) -> int |
                             f"{art.manifest['pretrain_fingerprint']}: rerun `mlm run CONFIG --only pretrain` with "
                             f"tracking enabled")
     passed, failed = art.manifest["passed"], art.manifest["failed_gates"]
-    tags = {f"gate.{g['name']}": "pass" if g["passed"] else "fail" for g in art.manifest["gates"]}
-    tags |= {"gates": "passed" if passed else "failed", "failed_gates": ",".join(failed) or "none"}
-    tracking.tag_version(tracker, name, version, tags)
+    tracking.tag_version(tracker, name, version, {"gates": "passed" if passed else "failed"})
+    _set_or_drop(tracker, name, version, "failed_gates", ",".join(failed))
+    source_run = tracker.client.get_model_version(name, str(version)).run_id
+    table = gate_table(tracker, art, version, [source_run, run_id])
     if passed:
         from tasks import aliases
         aliases.move(tracker.client, name, "champion", version, "pipeline", "passed every promotion gate")
@@ -283,15 +284,52 @@ def _promote(art: Artifact, tracker: tracking.Tracker, run_id: str, lc) -> int |
     gates = [GateResult(**g) for g in art.manifest["gates"]]
     text = card(lc, upstream, gates, version, passed)
     tracker.log_text(run_id, text, "model_card.md")
-    source_run = tracker.client.get_model_version(name, str(version)).run_id
     tracker.log_text(source_run, text, f"model_card/v{version}.md")
-    # the version's description: the card's first paragraph (after the title), now with evaluation and gates
+    # the version's description: the card's first paragraph (after the title), now with evaluation and gates,
+    # then where the per-gate table is (value, threshold, pass of every declared gate)
     para = next((b.strip() for b in text.split("\n\n")[1:] if b.strip() and not b.startswith("#")), "")
-    if para:
-        tracker.client.update_model_version(name, str(version), description=para)
+    where = _gate_table_link(tracker, source_run, table)
+    tracker.client.update_model_version(name, str(version), description="\n\n".join(p for p in (para, where) if p))
     log.info("%s version %s: gates %s%s", name, version, "passed -> champion" if passed else "failed: ",
              "" if passed else ", ".join(failed))
     return version
+
+
+GATE_TABLE = "gates/v{version}.json"
+
+
+def gate_table(tracker: tracking.Tracker, art: Artifact, version: int, run_ids: list[str | None]) -> str:
+    """Log the register output's gates (gate, threshold, value, pass, detail: one row per declared gate) as
+    one MLflow table, ``gates/v<version>.json``, on each of ``run_ids`` (the version's own run, which its page
+    links to, and the register run); returns the artifact file name. The version keeps only ``gates`` and
+    ``failed_gates`` as tags (a tag per gate put ~40 truncated tags above its aliases)."""
+    import pandas as pd
+
+    from tasks.publish import table_rows
+    df = pd.DataFrame(table_rows("register", art), columns=["gate", "threshold", "value", "pass", "detail"])
+    path = GATE_TABLE.format(version=version)
+    for rid in dict.fromkeys(r for r in run_ids if r):
+        tracker.client.log_table(rid, df, path)
+    return path
+
+
+def _gate_table_link(tracker: tracking.Tracker, source_run: str | None, table: str) -> str:
+    url = tracker.run_url(source_run)
+    return (f"Per-gate values, thresholds and results: the table `{table}` of its source run"
+            + (f" ({url.split('?')[0]}/artifacts/{table})" if url else f" (run {source_run})" if source_run else ""))
+
+
+def _set_or_drop(tracker: tracking.Tracker, name: str, version: int, key: str, value: str) -> None:
+    """Tag ``key=value`` on the version, or remove the tag when ``value`` is empty (a passing re-run leaves no
+    stale reasons behind)."""
+    from mlflow.exceptions import MlflowException
+    if value:
+        tracking.tag_version(tracker, name, version, {key: value})
+        return
+    try:
+        tracker.client.delete_model_version_tag(name, str(version), key)
+    except MlflowException:     # not there: nothing to remove
+        pass
 
 
 def registry_status(lc, pretrain_fingerprint: str) -> dict | None:

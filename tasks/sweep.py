@@ -70,7 +70,7 @@ class SweepTracker:
 
     def link(self, sweep, run) -> dict:
         """What the run's pipeline reads (``tasks.sweep_link``): nest under the sweep's run, with these tags."""
-        return {"parent_run_id": self.run_id, "run_name": f"{sweep.config.name} · {run.variant} · seed {run.seed}",
+        return {"parent_run_id": self.run_id, "run_name": f"{run.variant} · seed {run.seed} · {sweep.config.name}",
                 "tags": {"sweep": sweep.config.name, "variant": run.variant, "seed": str(run.seed)}}
 
     def finish(self, plan_doc: dict, status: str) -> None:

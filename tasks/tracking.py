@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from mlm_core.redact import redact
 from tasks.tracking_context import (EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, UI_QUERY, pipeline_run_name,  # noqa: F401
-                                    run_context_tags)
+                                    run_context_tags, stage_run_name)
 from tasks.tracking_backend import (TrackingError, _is_http, _sqlite_path, check_tracking_server,  # noqa: F401
                                     resolve_tracking_uri, server_healthy)
 from tasks.tracking_registry import (get_alias_version, list_registered_models, register_version,  # noqa: F401
@@ -249,7 +249,7 @@ class Tracker:
         ``started``: the stage's start (epoch seconds; default now)."""
         if not self.enabled:
             return None
-        return self._guard(f"opening the {stage} run", self._create_run, stage,
+        return self._guard(f"opening the {stage} run", self._create_run, stage_run_name(stage, fingerprint),
                            {"stage": stage, "fingerprint": str(fingerprint), "cache": "miss"},
                            parent=self._parent or _active_run_id(), started=started)
 
@@ -387,7 +387,8 @@ class Tracker:
         if cache_hit:   # a short run is right: the stored output was reused, not recomputed
             all_tags["mlm.duration"] = "cache hit: the run spans the reuse (check, re-validation), not a computation"
         if run_id is None:
-            run_id = self._create_run(stage, all_tags, parent=parent, started=started)
+            run_id = self._create_run(stage_run_name(stage, fingerprint, cache_hit), all_tags, parent=parent,
+                                      started=started)
             tag_now = {}
         else:
             tag_now = all_tags

@@ -3,7 +3,8 @@
 In: the process (the project's git checkout or installed package, the Prefect run context if any).
 Out: run tags (``mlflow.source.git.commit``, ``prefect.flow_run_id``, ``prefect.flow_run_url``), the
 experiment tag that makes MLflow's UI treat the experiment as model training, and parent-run names
-such as ``demo · all · 12-01 16:40``. Imports nothing heavy; Prefect is consulted only when it is
+such as ``lr=0.001 · only pretrain · demo · 12-01 16:40`` and stage-run names such as
+``pretrain 5e90beae``. Imports nothing heavy; Prefect is consulted only when it is
 already imported (a run inside a flow), never imported here.
 """
 from __future__ import annotations
@@ -87,13 +88,40 @@ def selection_label(only: str | None = None, from_stage: str | None = None) -> s
     return f"only {only}" if only else f"from {from_stage}" if from_stage else "all"
 
 
+MAX_OVERRIDES_LABEL = 40
+MAX_OVERRIDE_VALUE = 16
+
+
+def overrides_label(overrides: list[str] | None) -> str:
+    """``--set pretrain.lr=0.001 --set seed=2`` -> ``lr=0.001 seed=2``: each override as its last key part and
+    its value (cut to 16 chars), redacted first (a secret never reaches a run name), at most 40 chars."""
+    from mlm_core.redact import redact
+    parts = []
+    for o in overrides or []:
+        key, sep, value = redact(str(o)).partition("=")
+        value = value if len(value) <= MAX_OVERRIDE_VALUE else value[:MAX_OVERRIDE_VALUE - 1] + "…"
+        parts.append(f"{key.strip().rsplit('.', 1)[-1]}{sep}{value.strip()}")
+    text = " ".join(parts)
+    return text if len(text) <= MAX_OVERRIDES_LABEL else text[:MAX_OVERRIDES_LABEL - 1] + "…"
+
+
 def pipeline_run_name(config_name: str, only: str | None = None, from_stage: str | None = None,
-                      when: float | None = None) -> str:
-    """``demo · all · 12-01 16:40``: config name, selection (all / only X / from X), local start time."""
+                      when: float | None = None, overrides: list[str] | None = None) -> str:
+    """``lr=0.001 · only pretrain · demo · 12-01 16:40``: what tells runs apart first (MLflow's runs table
+    shows only the first ~30 characters): the ``--set`` overrides (short: a value sits within ~25 characters)
+    and the selection (all / only X / from X), then the config name and the local start time."""
     stamp = time.strftime("%m-%d %H:%M", time.localtime(time.time() if when is None else when))
-    return f"{config_name} · {selection_label(only, from_stage)} · {stamp}"
+    head = [overrides_label(overrides), selection_label(only, from_stage)]
+    return " · ".join([p for p in head if p] + [config_name, stamp])
+
+
+def stage_run_name(stage: str, fingerprint: str, cache_hit: bool = False) -> str:
+    """``pretrain 5e90beae`` (``… cached`` for a reused output): the stage, then its output's fingerprint, so
+    two runs of a stage that computed different outputs differ at a glance."""
+    return f"{stage} {str(fingerprint)[:8]}" + (" cached" if cache_hit else "")
 
 
 __all__ = ["git_commit", "prefect_tags", "run_context_tags", "pipeline_run_name", "selection_label",
+           "overrides_label", "stage_run_name",
            "EXPERIMENT_KIND_TAG", "EXPERIMENT_KIND", "GIT_COMMIT_TAG", "FLOW_RUN_ID_TAG", "FLOW_RUN_URL_TAG",
            "UI_QUERY"]

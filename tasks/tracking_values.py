@@ -108,14 +108,16 @@ def _system_tags(tags: dict[str, str]) -> dict[str, str]:
 
 
 
-def history_points(records: list[dict], step_key: str = "step", ts: int = 0) -> list:
-    """Step-indexed ``Metric`` points of metrics.jsonl records (``train.<k>`` for training records).
+def history_points(records: list[dict], step_key: str = "step", ts: int = 0, stage: str = "pretrain") -> list:
+    """Step-indexed ``Metric`` points of metrics.jsonl records, named by ``tasks.metric_names`` (a training
+    record's ``loss`` -> ``train/loss``, an eval record's ``en.val_acc`` -> ``val/en/acc``).
 
     A record's own ``_ts`` (ms, stamped when it was queued) wins over ``ts``: a batch sent again after a
     lost response is then identical, and MLflow drops exact duplicates (key, value, timestamp, step)."""
     from mlflow.entities import Metric
 
-    return [Metric(_key(f"train.{k}" if r.get("type", "train") == "train" else k), float(v), int(r.get("_ts", ts)),
+    from tasks.metric_names import mlflow_name
+    return [Metric(_key(mlflow_name(stage, k, str(r.get("type", "train")))), float(v), int(r.get("_ts", ts)),
                    int(r[step_key]))
             for r in records if step_key in r
             for k, v in r.items() if k not in (step_key, "type") and not k.startswith("_")

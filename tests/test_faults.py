@@ -351,7 +351,7 @@ def test_tracker_lost_mid_training_training_finishes_warns_and_sync_replays(upst
     direct = MlflowClient(f"http://127.0.0.1:{mlflow_server}")
     stored = direct.get_run(parent).data.params["overrides"]
     assert "dave:***@127.0.0.1" in stored and "pw-dave" not in stored, stored
-    got = [m.step for m in direct.get_metric_history(live, "train.loss")]
+    got = [m.step for m in direct.get_metric_history(live, "train/loss")]
     assert set(range(1, phase["back"] + 1)) <= set(got), "records from the outage were sent when it came back"
     assert direct.get_run(live).info.status == "RUNNING" and direct.get_run(parent).info.status == "RUNNING"
 
@@ -360,7 +360,7 @@ def test_tracker_lost_mid_training_training_finishes_warns_and_sync_replays(upst
     report = sync(lc)
     sync_s = time.monotonic() - t2
     assert "pretrain FINISHED" in report["finished"] and report["points"] > 0
-    hist = sorted(m.step for m in direct.get_metric_history(live, "train.loss"))
+    hist = sorted(m.step for m in direct.get_metric_history(live, "train/loss"))
     assert hist == list(range(1, steps + 1)), "every step exactly once after the sync"
     assert direct.get_run(live).info.status == "FINISHED"
     # left RUNNING by a lost server: given the end it meant to record (the workdir's journal), never FAILED

@@ -317,7 +317,9 @@ def test_register_stage_makes_the_card_summary_the_description_and_logs_the_card
     mv = tracker.client.get_model_version(NAME, str(version))
     card = (arts["register"].path / "model_card.md").read_text(encoding="utf-8")
     first_paragraph = card.split("\n\n")[1].strip()                # after the "# Model card" title
-    assert mv.description == first_paragraph and "unigram baseline" in mv.description
+    summary, where = mv.description.split("\n\n")                  # the card's summary, then the gate table
+    assert summary == first_paragraph and "unigram baseline" in summary
+    assert f"gates/v{version}.json" in where and pre_run in where
     assert "Multilingual masked language model" in mv.description
     logged = {a.path for a in tracker.client.list_artifacts(pre_run, "model_card")}
     assert f"model_card/v{version}.md" in logged                  # the full card, on the version's run

@@ -83,7 +83,7 @@ def test_parent_and_nested_stage_runs(logged):
     assert len(p["long"]) <= 6000
     assert m["records"] == 12.0 and m["quarantine_rate"] == 0.25 and math.isnan(m["nan"]) and "bad" not in m
     assert t["stage"] == "normalize" and t["fingerprint"] == "fp-norm-0001" and t["cache"] == "miss"
-    assert t["validation"] == "passed" and run.info.run_name == "normalize"
+    assert t["validation"] == "passed" and run.info.run_name == "normalize fp-norm-"   # stage, fingerprint[:8]
     assert run.info.status == "FINISHED"
 
     t2 = c.get_run(tok).data.tags

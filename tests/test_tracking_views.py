@@ -138,9 +138,11 @@ def test_run_tags_experiment_kind_and_final_metric_step(tmp_path):
 def test_pipeline_run_name():
     from tasks.tracking import pipeline_run_name
     when = time.mktime((2026, 12, 1, 16, 40, 0, 0, 0, -1))
-    assert pipeline_run_name("demo", when=when) == "demo · all · 12-01 16:40"
-    assert pipeline_run_name("demo", only="shards", when=when) == "demo · only shards · 12-01 16:40"
-    assert pipeline_run_name("demo", from_stage="pretrain", when=when) == "demo · from pretrain · 12-01 16:40"
+    assert pipeline_run_name("demo", when=when) == "all · demo · 12-01 16:40"
+    assert pipeline_run_name("demo", only="shards", when=when) == "only shards · demo · 12-01 16:40"
+    assert pipeline_run_name("demo", from_stage="pretrain", when=when) == "from pretrain · demo · 12-01 16:40"
+    assert pipeline_run_name("demo", only="pretrain", when=when, overrides=["pretrain.lr=0.001", "seed=2"]) == \
+        "lr=0.001 seed=2 · only pretrain · demo · 12-01 16:40"
 
 
 # ------------------------------------------------------------------------------------ through the flow
@@ -172,7 +174,7 @@ def test_stage_run_spans_the_work_and_links_back(cfg_file, prefect_harness, monk
     parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
     assert stage.info.end_time - stage.info.start_time >= 1000, (stage.info.start_time, stage.info.end_time)
     assert stage.info.start_time >= int(t_before * 1000) - 1000
-    assert parent.info.run_name.startswith("views · only normalize · "), parent.info.run_name
+    assert parent.info.run_name.startswith("only normalize · views · "), parent.info.run_name
     flow_run_id = str(state.state_details.flow_run_id)
     assert stage.data.tags["prefect.flow_run_id"] == flow_run_id == parent.data.tags["prefect.flow_run_id"]
     assert parent.data.tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{flow_run_id}"), parent.data.tags
