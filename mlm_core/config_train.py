@@ -108,8 +108,15 @@ class MaskingConfig(Section):
     random_token_prob: float = Field(default=0.1, ge=0, le=1, description="Selected tokens replaced by a random non-special token; the rest stay unchanged.",
         json_schema_extra={"effect": "output"})
     mode: Literal["static", "dynamic"] = Field(
-        default="dynamic", description="static: fixed per sequence (seeded by sequence id); dynamic: new each time a sequence is drawn.",
+        default="dynamic", description="static: fixed per sequence (seeded by sequence id), cycling through "
+        "static_copies masks over the passes through the data (RoBERTa's static masking); dynamic: new each time a "
+        "sequence is drawn.",
         json_schema_extra={"effect": "output"})
+    static_copies: int = Field(
+        default=10, ge=1, description="mode static only: k fixed masks per sequence, cycled over the passes through "
+        "its language's rows (pass e uses copy e mod k; RoBERTa: 10 masks over 40 epochs). Copy 0 is the single "
+        "static mask of earlier versions, so 1 reproduces those runs.",
+        json_schema_extra={"effect": "output", "used_when": {"mode": "static"}})
     schedule: Literal["constant", "linear", "cosine", "cyclical"] = Field(
         default="constant", description="Masking-rate schedule over training: linear/cosine go rate_max -> rate_min; "
         "cyclical: p(t) = rate_min + (rate_max - rate_min) * |sin(2 pi t / period)|.",

@@ -36,8 +36,11 @@ Design choices (all vectorized torch, no Python loop over tokens or sequences):
 * 80/10/10 is decided **per token**, also for whole words and spans (as BERT's original WWM code does).
   Random replacements are drawn uniformly from the vocabulary without special ids.
 * Randomness: a counter-based hash (splitmix64 finalizer in wrapping int64 torch arithmetic) of
-  (row key, stream, position). Static mode: row key = f(seed, seq_id), so the same sequence always gets
-  the same mask whatever the batch or step. Dynamic mode: row keys are B int64 drawn from the caller's
+  (row key, stream, position). Static mode: row key = f(seed, seq_id, copy), so the same sequence gets the
+  same mask whatever the batch or step on the same pass over the data; RoBERTa's static masking (k masks per
+  sequence, cycled over epochs): copy = pass mod ``static_copies``, the pass given by the caller (the
+  sampler's pass over that sequence's language, ``passes``). Copy 0 has the key f(seed, seq_id) of the
+  single static mask of earlier versions, so static_copies 1 (or no ``passes``) reproduces it bit for bit. Dynamic mode: row keys are B int64 drawn from the caller's
   ``generator``; the generator advances by exactly that per call, so resuming its state is exact.
 * Cost (one CPU thread, this repo's 2-core box): ~0.1 ms (token) to ~0.35 ms (span) for 32 x 128, ~1.5 ms to
   ~4 ms for 256 x 512; every op also runs on CUDA (span does one host sync for the segment count).
@@ -66,6 +69,11 @@ from mlm_core.mask_primitives import mix as _mix
 from mlm_core.mask_primitives import mix_int as _mix_int
 from mlm_core.mask_primitives import shr as _shr
 from mlm_core.mask_primitives import threshold as _threshold
+from mlm_core.mask_primitives import i64 as _i64
+
+# static masking: copy c of a sequence's mask adds c * _COPY to its row state (an odd constant, so the k copies of
+# one sequence have distinct states; copy 0 is the state of the single static mask of earlier versions)
+_COPY = _i64(0xA0761D6478BD642F)
 from mlm_core.mask_primitives import units as _units_of
 
 
@@ -176,14 +184,20 @@ class Masker:
         return self._cache[key]
 
     # -- randomness -----------------------------------------------------------------------------------
-    def _row_keys(self, b: int, device: torch.device, seq_ids, generator) -> torch.Tensor:
+    def _row_keys(self, b: int, device: torch.device, seq_ids, generator, passes=None) -> torch.Tensor:
         if self.cfg.mode == "static":
             if seq_ids is None:
                 raise ValueError("static masking needs seq_ids (the mask is a function of the sequence id)")
             seq = torch.as_tensor(seq_ids, dtype=torch.int64, device=device).reshape(-1)
             if seq.numel() != b:
                 raise ValueError(f"seq_ids has {seq.numel()} entries for a batch of {b}")
-            return _mix(seq * _GOLDEN + self._seed_key)
+            state = seq * _GOLDEN + self._seed_key
+            if passes is not None and self.cfg.static_copies > 1:
+                pas = torch.as_tensor(passes, dtype=torch.int64, device=device).reshape(-1)
+                if pas.numel() != b or bool((pas < 0).any()):
+                    raise ValueError(f"passes must hold {b} non-negative pass indices, got {pas.numel()} entries")
+                state += (pas % self.cfg.static_copies) * _COPY     # copy 0 adds nothing: the old key
+            return _mix(state)
         gdev = generator.device if generator is not None else torch.device("cpu")
         keys = torch.randint(-(1 << 63), (1 << 63) - 1, (b,), generator=generator, dtype=torch.int64, device=gdev)
         return keys.to(device)
@@ -260,7 +274,10 @@ class Masker:
 
     # -- public -----------------------------------------------------------------------------------------
     def __call__(self, input_ids: torch.Tensor, word_start: torch.Tensor, step: int,
-                 seq_ids: torch.Tensor | None = None, generator: torch.Generator | None = None) -> MaskedBatch:
+                 seq_ids: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                 passes: torch.Tensor | None = None) -> MaskedBatch:
+        """Corrupt a batch. Static mode reads ``seq_ids`` [B] and, when given, ``passes`` [B] (each row's pass
+        over its language's rows: copy pass mod static_copies; None = copy 0); dynamic mode reads ``generator``."""
         if input_ids.dim() != 2 or word_start.shape != input_ids.shape:
             raise ValueError(f"expected input_ids and word_start of the same shape [B, T], got "
                              f"{tuple(input_ids.shape)} and {tuple(word_start.shape)}")
@@ -270,7 +287,7 @@ class Masker:
         p = masking_rate(self.cfg, step, self.total_steps)
         cand = ~torch.take(self._const("never", dev), ids)
         ws = word_start.to(device=dev, dtype=torch.bool)
-        row_key = self._row_keys(b, dev, seq_ids, generator)
+        row_key = self._row_keys(b, dev, seq_ids, generator, passes)
         h = self._hash(row_key, "pos", t)                          # one 64-bit hash per position
         strategy = self.cfg.strategy
         if strategy == "span":

@@ -167,6 +167,8 @@ BASE_WITH = {"tokenizer.extend": {"tokenizer.from": "tokenizer"},
              # read only by local attention (used_when): with the default global attention they change nothing
              "pretrain.model.window": {"pretrain.model.attention": "local_global"},
              "pretrain.model.global_every": {"pretrain.model.attention": "local_global"},
+             # read only by static masking (used_when): the demo masks dynamically
+             "pretrain.masking.static_copies": {"pretrain.masking.mode": "static"},
              # ModernBERT is pre-LN and rotary: a dumped BERT config states post / learned, which family modernbert refuses
              "pretrain.model.family": {"pretrain.model.norm": "pre", "pretrain.model.position": "rotary"}}
 
@@ -570,3 +572,19 @@ def test_local_attention_knobs_change_nothing_under_global_attention(tmp_path):
     local = fps(["pretrain.model.attention=local_global"])
     moved = fps(["pretrain.model.attention=local_global", "pretrain.model.window=32"])
     assert [n for n in base if moved[n] != local[n]] == DOWNSTREAM["pretrain"]
+
+
+def test_static_copies_change_nothing_under_dynamic_masking(tmp_path):
+    """pretrain.masking.static_copies (issue 21) is read only by static masking: the demo (dynamic) neither holds
+    it in its pretrain config nor moves any fingerprint when it is set; with mode static it changes pretrain and
+    what follows."""
+    import json
+
+    from mlm_core.stages import stage_config
+    fps = lambda ov: {n: p.fingerprint for n, p in stages.plan(load_config(DEMO, ov, raw=_raw(tmp_path))).items()}  # noqa: E731
+    assert "static_copies" not in json.dumps(stage_config(load_config(DEMO, raw=_raw(tmp_path)), "pretrain"))
+    base = fps([])
+    assert fps(["pretrain.masking.static_copies=3"]) == base
+    static = fps(["pretrain.masking.mode=static"])
+    moved = fps(["pretrain.masking.mode=static", "pretrain.masking.static_copies=1"])
+    assert [n for n in base if moved[n] != static[n]] == DOWNSTREAM["pretrain"]

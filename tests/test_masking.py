@@ -307,3 +307,81 @@ def test_hash_rng_is_uniform():
     # neighbours (positions, sequences) are uncorrelated
     assert abs(((s[:, 1:] - 0.5) * (s[:, :-1] - 0.5)).mean().item()) < 0.002
     assert abs(((s[1:] - 0.5) * (s[:-1] - 0.5)).mean().item()) < 0.002
+
+
+# --- static copies (RoBERTa: k masks per sequence cycled over epochs; issue 21) ---------------------------
+# tests/data/static_masks_head.npz: the single static mask of the code before static_copies existed (written by
+# mlm_core.masking at commit c7a21bd from make_rows(16, 64, seed=3), seq_ids 37 * (1000..1015), seed 7,
+# rate 0.15, 80/10/10): copy 0 must reproduce it bit for bit.
+def _head_masks():
+    from pathlib import Path
+    return np.load(Path(__file__).parent / "data" / "static_masks_head.npz")
+
+
+@pytest.mark.parametrize("strategy", ["token", "whole_word", "span"])
+def test_static_copy_zero_is_the_old_static_mask(strategy):
+    d = _head_masks()
+    ids, ws, seq = (torch.from_numpy(d[k].astype(np.int64 if k != "ws" else np.uint8)) for k in ("ids", "ws", "seq"))
+    want_out, want_sel = d[f"{strategy}_out"].astype(np.int64), d[f"{strategy}_sel"]
+    b = len(seq)
+    k10 = masker(strategy=strategy, mode="static", seed=7)                        # default static_copies 10
+    for m, passes in ((k10, None), (k10, torch.zeros(b, dtype=torch.int64)), (k10, torch.full((b,), 20)),
+                      (masker(strategy=strategy, mode="static", seed=7, static_copies=1), torch.arange(b) * 7)):
+        out = m(ids, ws, 0, seq_ids=seq, passes=passes)
+        assert np.array_equal(out.input_ids.numpy(), want_out), passes
+        assert np.array_equal(out.selected.numpy(), want_sel), passes
+
+
+@pytest.mark.parametrize("strategy", ["token", "whole_word", "span"])
+def test_static_copies_differ_and_repeat_with_period_k(rows, strategy):
+    ids, ws = rows[0][:B], rows[1][:B]
+    k = 4
+    m = masker(strategy=strategy, mode="static", seed=5, static_copies=k)
+    seq = torch.arange(B) + 300
+    by_pass = [m(ids, ws, 0, seq_ids=seq, passes=torch.full((B,), e)).selected for e in range(2 * k + 1)]
+    for e in range(k + 1):
+        assert torch.equal(by_pass[e], by_pass[e + k]), e                        # period k
+    for e1 in range(k):
+        for e2 in range(e1 + 1, k):                                              # k distinct masks per sequence
+            same_rows = (by_pass[e1] == by_pass[e2]).all(1).double().mean().item()
+            assert same_rows < 0.05, (e1, e2, same_rows)
+    # every copy is a mask of the configured rate (independent copies: ~ the same share, not the same tokens)
+    cand = ~torch.isin(ids, torch.tensor(NEVER))
+    for e in range(k):
+        assert abs(by_pass[e][cand].double().mean().item() - 0.15) < 0.01
+    # per row: the pass of each row picks its own copy (a mixed batch = the rows of the uniform batches)
+    mixed = torch.arange(B) % k
+    sel = m(ids, ws, 0, seq_ids=seq, passes=mixed).selected
+    for r in range(0, B, 9):
+        assert torch.equal(sel[r], by_pass[int(mixed[r])][r])
+
+
+def test_training_feed_cycles_the_copies_by_the_samplers_pass():
+    """The loop's Feed hands the masker each draw's pass over its language: with one language of 5 rows,
+    pass e of row r (counted here from the stream itself) uses copy e mod k."""
+    from mlm_core.shards import LanguageSampler
+    from mlm_core.train.loop import Feed
+
+    ids, ws = make_rows(5, 32, seed=9)
+
+    class FiveRows:
+        def gather(self, li, rows):
+            r = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+            return {"input_ids": ids[r], "word_start": ws[r], "segment_ids": (ids[r] != PAD).to(torch.int32),
+                    "seq_ids": r + 40}
+
+    k = 3
+    m = masker(strategy="token", mode="static", seed=2, static_copies=k, rate=0.4)
+    feed = Feed(LanguageSampler({"en": 5}, {"en": 1.0}, seed=1), FiveRows(), m, torch.Generator(), 5,
+                torch.device("cpu"))
+    seen: dict[int, list[torch.Tensor]] = {}
+    sampler_copy = LanguageSampler({"en": 5}, {"en": 1.0}, seed=1)
+    for _ in range(4):                                                            # 4 x 5 draws = 4 passes
+        _, rows_drawn = sampler_copy.next_indices(5)
+        (x, *_rest), = feed.draw(0, 1)
+        for j, r in enumerate(rows_drawn.tolist()):
+            seen.setdefault(r, []).append(x[j])
+    for r, masks in seen.items():
+        assert len(masks) == 4                                                   # each row once per pass
+        assert torch.equal(masks[0], masks[3]) and not torch.equal(masks[0], masks[1])
+        assert not torch.equal(masks[1], masks[2])

@@ -119,3 +119,24 @@ def test_bad_arguments():
         LanguageSampler({"en": 0}, {"en": 1.0}, seed=0)
     with pytest.raises(ValueError, match="rank"):
         LanguageSampler(ROWS, PROBS, seed=0, rank=2, world_size=2)
+
+
+def test_passes_count_earlier_draws_of_the_same_language():
+    """draws(..., passes=True): a draw's pass = (draws of its language before it) div that language's rows,
+    counted here by walking the stream."""
+    s = LanguageSampler(ROWS, PROBS, seed=4)
+    n = 3 * sum(ROWS.values())
+    li, rows, passes = s.draws(np.arange(n), passes=True)
+    li2, rows2 = s.draws(np.arange(n))
+    assert (li == li2).all() and (rows == rows2).all()
+    sizes = [ROWS[lang] for lang in s.langs]
+    count = [0] * len(sizes)
+    want = np.empty(n, dtype=np.int64)
+    for g, lang_i in enumerate(li.tolist()):
+        want[g] = count[lang_i] // sizes[lang_i]
+        count[lang_i] += 1
+    assert (passes == want).all() and passes.max() >= 2
+    # the same through next_indices, in batches
+    b = LanguageSampler(ROWS, PROBS, seed=4)
+    got = np.concatenate([b.next_indices(997, passes=True)[2] for _ in range(-(-n // 997))])[:n]
+    assert (got == want).all()

@@ -14,7 +14,9 @@ as 1/sqrt(draws). A language with tiny p still gets its share (once every 1/(blo
 
 Row choice: the j-th draw of language l is row perm(seed, l, e)[j mod n_l] with e = j div n_l: each
 language is consumed as a sequence of seeded permutations of its rows, so within an epoch of a language
-no row repeats (without replacement), and upsampled languages cycle through fresh permutations.
+no row repeats (without replacement), and upsampled languages cycle through fresh permutations. That e is
+the draw's *pass* over its language (how many times the sampler went through all of that language's rows
+before it): ``draws(..., passes=True)`` returns it too (static masking cycles its k masks by it).
 """
 from __future__ import annotations
 
@@ -107,8 +109,9 @@ class LanguageSampler:
                 self._perms.popitem(last=False)
         return hit
 
-    def draws(self, g) -> tuple[np.ndarray, np.ndarray]:
-        """(language index, row) of global draws ``g`` (any int array): the stream all ranks share."""
+    def draws(self, g, passes: bool = False) -> tuple[np.ndarray, ...]:
+        """(language index, row) of global draws ``g`` (any int array): the stream all ranks share; with
+        ``passes`` also each draw's pass over its language (e = occurrence div rows: 0 on the first pass)."""
         g = np.asarray(g, dtype=np.int64).reshape(-1)
         k = self._block_of(g)
         li = np.empty(len(g), dtype=np.int64)
@@ -124,14 +127,15 @@ class LanguageSampler:
         for lang_i, e in set(zip(li.tolist(), epoch.tolist())):
             sel = (li == lang_i) & (epoch == e)
             rows[sel] = self._perm(lang_i, e)[j[sel]]
-        return li, rows
+        return (li, rows, epoch) if passes else (li, rows)
 
     # --- this rank's view
-    def next_indices(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """The next ``batch_size`` draws of this rank as (language index into ``self.langs``, row) arrays."""
+    def next_indices(self, batch_size: int, passes: bool = False) -> tuple[np.ndarray, ...]:
+        """The next ``batch_size`` draws of this rank as (language index into ``self.langs``, row) arrays (and
+        their passes, with ``passes``)."""
         g = self.rank + self.world_size * (self.step + np.arange(batch_size, dtype=np.int64))
         self.step += batch_size
-        return self.draws(g)
+        return self.draws(g, passes)
 
     def next_batch(self, batch_size: int) -> list[tuple[str, int]]:
         li, rows = self.next_indices(batch_size)

@@ -158,10 +158,11 @@ class Feed:
         out = []
         for _ in range(n):
             t0 = time.perf_counter()
-            li, rows = self.sampler.next_indices(self.B)
+            li, rows, passes = self.sampler.next_indices(self.B, passes=True)
             b = self.rows.gather(li, rows)
             t1 = time.perf_counter()
-            m = self.masker(b["input_ids"], b["word_start"], step, seq_ids=b["seq_ids"], generator=self.gen)
+            m = self.masker(b["input_ids"], b["word_start"], step, seq_ids=b["seq_ids"], generator=self.gen,
+                            passes=torch.from_numpy(passes))   # static masking: copy = pass mod static_copies
             self.t_data, self.t_mask, self.rate = self.t_data + t1 - t0, self.t_mask + time.perf_counter() - t1, m.rate
             seg = b["segment_ids"]
             gm = None if self.groups is None else self.groups(b["input_ids"], b["word_start"], li).to(self.device)
