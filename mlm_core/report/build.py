@@ -31,7 +31,7 @@ from mlm_core.report.render import render_html, render_markdown
 # metrics shown when plan.json names none
 # (patterns with * list only what some run has: the untrained-encoder control's rows appear where it ran)
 DEFAULT_METRICS = ("mean.top1", "upos.*.score", "upos.source_score", "upos.mean.score", "upos.mean.untrained_*",
-                   "upos.*.gain_over_untrained", "*.top1", "*.top1_over_baseline",
+                   "upos.*.gain_over_untrained", "*.top1", "*.top1_over_baseline", "*.rtd_acc", "*.rtd_auc",
                    "small3.*", "large2.*", "*.pseudo_perplexity", "*.crows_score", "pretrain.final_loss")
 
 
@@ -59,12 +59,17 @@ def expand_metrics(patterns, runs) -> list[str]:
 
 # each metric's control, shown in its table: (pattern, control metric, label)
 CONTROLS = ((re.compile(r"(.+)\.top1"), r"\1.baseline_top1", "unigram baseline"),
-            (re.compile(r"(.+)\.score"), r"\1.untrained_score", "untrained encoder"))
+            (re.compile(r"(.+)\.score"), r"\1.untrained_score", "untrained encoder"),
+            # ELECTRA's replaced-token detection: predict "original" everywhere (accuracy = share of original
+            # tokens at the same positions, AUC 0.5)
+            (re.compile(r"(.+)\.rtd_acc"), r"\1.rtd_baseline_acc", "all-original baseline"),
+            (re.compile(r"(.+)\.rtd_auc"), r"\1.rtd_baseline_auc", "all-original baseline"))
 
 
 def control_of(metric: str) -> tuple[str, str] | None:
     """(control metric, label) of a metric: ``<x>.top1`` -> the unigram baseline at the same positions,
-    ``<task>.<lang|mean>.score`` -> the untrained encoder fine-tuned the same way; None for others."""
+    ``<task>.<lang|mean>.score`` -> the untrained encoder fine-tuned the same way, ``<x>.rtd_acc`` / ``<x>.rtd_auc``
+    -> the all-original baseline (ELECTRA's discriminator); None for others."""
     for rx, repl, label in CONTROLS:
         if rx.fullmatch(metric):
             return rx.sub(repl, metric), label
@@ -106,9 +111,11 @@ def metric_table(metric: str, runs, variants: list[str], baseline: str | None, s
         d = contrast(runs, metric, v, baseline) if baseline and v != baseline else None
         present = sorted(k for k, x in vals.items() if x is not None)
         vc = contrast(runs, metric, v, ctrl[0], control=True) if ctrl else None
+        # complete runs, none holding the metric: the variant does not report it (MLM has no rtd_acc), not missing
+        absent = bool(vals) and not present
         rows.append({"variant": v, "n": s.n, "of": len(seeds), "mean": s.mean, "std": s.std,
-                     "missing_seeds": [x for x in seeds if x not in present], "diff": d,
-                     "vs_control": vc if vc and vc["n"] else None})
+                     "missing_seeds": [] if absent else [x for x in seeds if x not in present], "diff": d,
+                     "vs_control": vc if vc and vc["n"] else None, "not_reported": absent})
     if ctrl:
         per = {v: stats.summarize(_values(runs, v, ctrl[0]).values()) for v in variants}
         per = {v: c for v, c in per.items() if c.n}
@@ -140,13 +147,15 @@ def primary_results(plan: dict, runs) -> list[dict] | None:
 
 
 def controls_table(runs, variants: list[str]) -> list[dict]:
-    """Per variant: mean [MASK] top-1 against the unigram baseline, and each transfer task's zero-shot mean
-    against the untrained encoder, each difference with its interval."""
+    """Per variant: mean [MASK] top-1 against the unigram baseline, each transfer task's zero-shot mean
+    against the untrained encoder and, in a sweep with ELECTRA runs, the mean replaced-token detection accuracy
+    and AUC against the all-original baseline; each difference with its interval."""
     out = []
     tasks = sorted({k.split(".")[0] for r in runs for k in r.metrics if k.endswith(".mean.untrained_score")})
+    rtd = [m for m in ("mean.rtd_acc", "mean.rtd_auc") if any(m in r.metrics for r in runs)]
     for v in variants:
         row = {"variant": v}
-        for m in ["mean.top1"] + [f"{t}.mean.score" for t in tasks]:
+        for m in ["mean.top1"] + [f"{t}.mean.score" for t in tasks] + rtd:
             c = control_of(m)
             vals = stats.summarize(_values(runs, v, m).values())
             cv = stats.summarize(_values(runs, v, c[0]).values())

@@ -15,7 +15,11 @@ A run's metrics (one flat dict, the names the manifests use):
     mean of ``<lang>.<m>`` over the 3 smallest languages, ``large2.<m>`` over the 2 largest (with >= 5 languages;
     for m in top1, baseline_top1, top1_over_baseline, pseudo_perplexity).
   * ``mean.<m>``: the unweighted mean over the scored languages of ``<lang>.<m>`` for m in top1, baseline_top1,
-    top1_over_baseline (held-out [MASK]-only top-1 per language mean, its unigram baseline and the difference).
+    top1_over_baseline (held-out [MASK]-only top-1 per language mean, its unigram baseline and the difference),
+    and for ELECTRA runs rtd_acc, rtd_auc (the discriminator's replaced-token detection) and their control, the
+    all-original baseline (predict "original" everywhere): ``<lang>.rtd_baseline_acc`` (stored by evaluate: the
+    share of original tokens) and ``<lang>.rtd_baseline_auc`` = 0.5 (a constant score ranks no replaced token
+    above an original one; added here for each ``<lang>.rtd_auc``).
 And the validation curve: (training FLOPs, mean validation loss over languages) at each eval record of the
 pretrain stage's metrics.jsonl; FLOPs = tokens so far x the stored model's flops_per_token at the run's mean
 measured masking rate (the count the loop's MFU uses).
@@ -36,6 +40,9 @@ RUN_STAGES = ("pretrain", "evaluate", "audit")
 REQUIRED = ("pretrain", "evaluate")
 GROUP_METRICS = ("top1", "baseline_top1", "top1_over_baseline", "pseudo_perplexity")
 MEAN_METRICS = ("top1", "baseline_top1", "top1_over_baseline")
+# ELECTRA's replaced-token detection and its all-original control (no per-document data: seeds-only intervals)
+RTD_METRICS = ("rtd_acc", "rtd_auc", "rtd_baseline_acc", "rtd_baseline_auc")
+RTD_BASELINE_AUC = 0.5
 LANG = r"[a-z]{2,3}"
 DOC_TOLERANCE = 1e-4       # per-document data must give back the stored metric (scores are rounded to 5 decimals)
 
@@ -174,11 +181,17 @@ def _derived(ev: dict) -> dict:
 def _means(metrics: dict) -> dict:
     """``mean.<m>``: the mean over the languages that have ``<lang>.<m>`` (module docstring)."""
     out = {}
-    for m in MEAN_METRICS:
+    for m in MEAN_METRICS + RTD_METRICS:
         vals = [v for k, v in metrics.items() if re.fullmatch(rf"{LANG}\.{m}", k) and isinstance(v, (int, float))]
         if vals:
             out[f"mean.{m}"] = sum(vals) / len(vals)
     return out
+
+
+def _rtd_controls(metrics: dict) -> dict:
+    """``<lang>.rtd_baseline_auc`` (the all-original baseline's AUC, 0.5) for every ``<lang>.rtd_auc``."""
+    return {f"{k[:-len('.rtd_auc')]}.rtd_baseline_auc": RTD_BASELINE_AUC for k, v in metrics.items()
+            if re.fullmatch(rf"{LANG}\.rtd_auc", k) and isinstance(v, (int, float))}
 
 
 def _table(path: Path):
@@ -311,6 +324,7 @@ def collect(sweep_dir: Path, plan: dict | None = None) -> tuple[dict, list[Run]]
         if "evaluate" in arts:
             em = arts["evaluate"].manifest
             run.metrics |= dict(em.get("metrics") or {}) | _derived(em)
+            run.metrics |= _rtd_controls(run.metrics)
             run.metrics |= _means(run.metrics)
             run.evaluate_dir = Path(arts["evaluate"].path)
             tasks_cfg = (em.get("config") or {}).get("evaluate") or {}

@@ -41,7 +41,8 @@ def _table_md(metric: str, rows: list[dict], baseline: str | None, label: str = 
             f"{vs} | missing |\n|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
-        ms = f"{_f(r['mean'])} ± {_f(r['std'])}" if r["mean"] is not None else "missing"
+        ms = (f"{_f(r['mean'])} ± {_f(r['std'])}" if r["mean"] is not None
+              else "not reported by this variant" if r.get("not_reported") else "missing")
         if r.get("control"):
             lines.append(f"| {r['variant']} | {r['n']} runs | {ms} | | | | | |")
             continue
@@ -94,7 +95,9 @@ METHOD = ("Statistics: mean ± sample standard deviation (ddof = 1) over the see
           "noise is inside the interval; other metrics resample seeds only (each table says which). p is the "
           "exact paired permutation test over seeds (all 2^n sign flips, two-sided): with 3 seeds it cannot go "
           "below 0.25, with 6 it can reach 0.031. The controls (the unigram baseline for top-1, the untrained "
-          "encoder fine-tuned the same way for transfer scores) are rows of the same tables, and each variant's "
+          "encoder fine-tuned the same way for transfer scores, the all-original baseline for ELECTRA's "
+          "replaced-token detection: predict \"original\" everywhere, accuracy = the share of original tokens, "
+          "AUC 0.5) are rows of the same tables, and each variant's "
           "difference over its own control is a column. A run is *missing* when its pretrain or evaluate output "
           "is not stored; its cells count only the seeds found (seeds column).")
 
@@ -110,7 +113,9 @@ def _controls_md(rows: list[dict]) -> list[str]:
     head = "| variant | " + " | ".join(f"`{m}` | {rows[0][m]['control_label']} | Δ [95% CI]" for m in metrics) + " |"
     lines = ["## Controls", "", "Every variant next to its controls: the unigram baseline at the same masked "
              "positions, and the untrained encoder (same architecture, the run's seed, no pretraining) fine-tuned "
-             "the same way.", "", head, "|" + "---|" * (1 + 3 * len(metrics))]
+             "the same way" + (", and for ELECTRA's replaced-token detection (`rtd_acc`, `rtd_auc`) the all-original "
+             "baseline (accuracy = share of original tokens, AUC 0.5)" if any("rtd" in m for m in metrics) else "")
+             + ".", "", head, "|" + "---|" * (1 + 3 * len(metrics))]
     for r in rows:
         cells = []
         for m in metrics:
