@@ -44,7 +44,7 @@ def test_sync_without_the_overrides_finishes_the_run_and_replays_params_tags_art
     overrides = ["pretrain.steps=160", "pretrain.lr=0.0007"]
     sets = [a for o in overrides for a in ("--set", o)]
     # the server comes from the environment (as under `mlm serve`), so the config and its overrides are all
-    env = _env(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="5", MLM_TRACKING_URI=uri)
+    env = _env(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="30", MLM_TRACKING_URI=uri)
     proc = subprocess.Popen([*MLM, "run", str(cfg), *sets], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
