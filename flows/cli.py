@@ -144,17 +144,25 @@ def cmd_run(args) -> int:
     lc = load_args(args)  # fail fast on a bad config, before Prefect starts
     from mlm_core import stages
     from mlm_core.commands import run_command
-    stages.select(stages.plan(lc), only=args.only, from_=args.from_stage,   # fail fast on a missing upstream
-                  command=run_command(lc))
+    chosen = stages.select(stages.plan(lc), only=args.only, from_=args.from_stage,   # fail fast on a missing upstream
+                           command=run_command(lc))
     from flows import ephemeral, guard
     guard.check_workdir(lc.workdir)   # writable, some space free: before Prefect puts its database there
     adopt_servers_for(lc)                # `mlm serve` running for this workdir: log to its MLflow and Prefect
     prepare_env(lc.workdir)
     from mlm_core.train import signals
+    from flows import outage
+    from tasks import orchestrator
+    asked = (["--only", args.only] if args.only else ["--from", args.from_stage] if args.from_stage else []) + \
+        (["--force"] if args.force else [])
+    # forced stages (--force, --from) count as done after an outage only when their output is a new one
+    before = outage.snapshot(lc, chosen) if args.force or args.from_stage else None
     previous = signals.install()      # SIGTERM/SIGINT: training checkpoints at the next step, then exits 143/130
+    not_recorded = None
     try:
         from flows.pipeline import STAGE_FLOWS, pipeline
         guard.quiet_expected_tracebacks()
+        orchestrator.quiet_api_log_errors()   # a lost Prefect API: one line, then a count (not 2 lines per batch)
         ephemeral.start(lc.workdir)   # generous start-up timeout, under a lock, never orphaned (flows/ephemeral.py)
         overrides = list(args.set or [])
         from mlm_core.errors import EXIT_GATES_FAILED, GatesFailed
@@ -167,8 +175,17 @@ def cmd_run(args) -> int:
                                    force=args.force)
         except GatesFailed as exc:   # registry.fail_on_gates: the flow run ended Failed, the run itself is complete
             results = exc.results
+        except Exception as exc:     # the Prefect API (or its database) gone: work complete (exit 4) or not (2)
+            not_recorded = outage.classify(exc, lc, chosen, args.only, asked, before)
+            if not_recorded is None:
+                own = outage.underlying(exc) if orchestrator.api_failure(exc) else None
+                if own is not None:     # a stage failed, then reporting it to the API failed: the stage's error
+                    raise own from None
+                raise
     finally:
         signals.restore(previous)
+    if not_recorded is not None:     # raised here, outside the handler: no chained cause to name a stage
+        raise not_recorded
     print()
     print(f"{'stage':<12} {'result':<8} {'fingerprint':<17} {'seconds':>8}  path")
     for r in results:
@@ -281,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     if "tasks.tracking" in sys.modules:   # called in-process again (tests, a notebook): warn of this command's
         from tasks.tracking import reset_delivery_report   # undelivered records only, not an earlier one's
         reset_delivery_report()
+    if "tasks.orchestrator" in sys.modules:
+        from tasks import orchestrator
+        orchestrator.reset()
+    folded = False
     try:
         code = args.func(args) or 0
     except KeyboardInterrupt:
@@ -289,9 +310,18 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - every error ends as one `error:` line (MLM_VERBOSE=1: traceback)
         guard.report(exc)
         code = guard.exit_code(exc)
-    warning = guard.tracking_warning(getattr(args, "config", None) or "CONFIG")
+        from flows.outage import NotRecorded
+        folded = isinstance(exc, NotRecorded)
+    # an outage's line already names a lost MLflow server and the commands: one closing line, not two
+    warning = None if folded else guard.tracking_warning(getattr(args, "config", None) or "CONFIG",
+                                                         getattr(args, "set", None) or [])
     if warning:
         print(warning, file=sys.stderr)
+        if code == 0:           # the work is complete, MLflow did not record it: exit 4 (README)
+            code = guard.EXIT_NOT_RECORDED
+    lost_logs = None if folded else guard.prefect_log_warning()
+    if lost_logs:
+        print(lost_logs, file=sys.stderr)
     if argv is None and args.command == "run":
         guard.fast_exit(code)   # skip the interpreter's final garbage collection (10+ s after a run, measured)
     return code

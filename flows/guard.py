@@ -8,7 +8,8 @@ In: the CLI's exceptions, signals and workdir. Out:
   message line (the Prefect API and UI keep the traceback);
 - ``check_workdir(path)``: writable, with some free space, before Prefect starts (else Prefect fills the
   screen with ~900 lines of SQLite tracebacks);
-- ``tracking_warning(config)``: the closing warning when the MLflow server was lost during the run.
+- ``tracking_warning(config, overrides)``: the closing warning when the MLflow server was lost during the run
+  (exit status ``EXIT_NOT_RECORDED``, 4: work complete, not recorded; flows/outage.py for a lost Prefect API).
 Imports nothing heavy (``mlm --help`` stays instant).
 """
 from __future__ import annotations
@@ -66,7 +67,15 @@ def disk_error(exc: BaseException) -> tuple[str, str | None] | None:
 
 def expected(exc: BaseException) -> bool:
     """Errors the user fixes (bad data, config, disk): no traceback unless MLM_VERBOSE is set."""
-    return isinstance(exc, MlmError) or disk_error(exc) is not None
+    return isinstance(exc, MlmError) or disk_error(exc) is not None or _outage(exc)
+
+
+def _outage(exc: BaseException) -> bool:
+    """A Prefect API that answered 5xx or not at all (tasks/orchestrator.py): rerun once it is back."""
+    if "tasks.orchestrator" not in sys.modules and "prefect" not in sys.modules:
+        return False
+    from tasks.orchestrator import api_failure
+    return api_failure(exc) is not None
 
 
 def _stage_of(exc: BaseException) -> tuple[str | None, Path | None]:
@@ -108,7 +117,9 @@ def report(exc: BaseException, stream=None) -> None:
 
 
 def exit_code(exc: BaseException) -> int:
-    code = getattr(exc, "exit_code", None)          # signals.Interrupted: 128 + signal number
+    """128+N for a signal, ``EXIT_NOT_RECORDED`` (4) for an outage after complete work (flows/outage.py), 2 for an
+    error the user fixes or waits out (an outage before the work was complete), 1 for a bug."""
+    code = getattr(exc, "exit_code", None)    # signals.Interrupted: 128 + signal number; outage.NotRecorded: 4 or 2
     return int(code) if code else 2 if expected(exc) else 1
 
 
@@ -133,6 +144,8 @@ class _ShortExpected(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and not verbose() and record.name.startswith("prefect") and _outage(exc):
+            return False     # the Prefect API itself failed: the run's closing line says it (flows/outage.py)
         if exc is not None and expected(exc) and not verbose():
             record.exc_info, record.exc_text = None, None
         try:
@@ -175,19 +188,40 @@ def check_workdir(workdir: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ tracking
-def tracking_warning(config: str) -> str | None:
-    """The closing warning when some metrics or stage runs never reached MLflow (None when all did)."""
+# `mlm run` (and any command that tracks): every stage the command asked for has a complete stored output, but the
+# orchestrator (Prefect API) or the tracker (MLflow) could not record it. README "Exit statuses of `mlm run`".
+EXIT_NOT_RECORDED = 4
+
+
+def tracking_warning(config: str, overrides=()) -> str | None:
+    """The closing warning when some metrics or stage runs never reached MLflow (None when all did); its
+    ``mlm sync`` command carries the run's config path and ``--set`` overrides, shell-quoted."""
     if "tasks.tracking" not in sys.modules:
         return None
     from tasks.tracking import delivery_report
     rep = delivery_report()
     if not rep["uri"]:
         return None
+    from mlm_core.commands import mlm_command
     runs = sorted(set(rep["runs"]))
-    return (f"warning: the MLflow server {rep['uri']} was unreachable during this run: {rep['records']} metric "
+    return redact(f"warning: the MLflow server {rep['uri']} was unreachable during this run: {rep['records']} metric "
             f"record(s) and {len(rep['runs'])} run update(s) ({', '.join(runs) or '-'}) were not delivered. "
-            f"The outputs and metrics.jsonl are complete; when the server is back run `mlm sync {config}`.")
+            f"The outputs and metrics.jsonl are complete; when the server is back run "
+            f"`{mlm_command('sync', config, list(overrides))}` (exit status {EXIT_NOT_RECORDED}: work complete, "
+            f"not recorded).")
+
+
+def prefect_log_warning() -> str | None:
+    """The count of the run's log-line batches the Prefect API did not take (None when all reached it)."""
+    if "tasks.orchestrator" not in sys.modules:
+        return None
+    from tasks.orchestrator import report as prefect_report
+    rep = prefect_report()
+    if not rep["log_batches"]:
+        return None
+    return redact(f"warning: {rep['log_batches']} batch(es) of this run's log lines did not reach the Prefect API "
+                  f"{rep['api']} ({rep['first']}); the outputs are complete, the Prefect UI misses those lines.")
 
 
 __all__ = ["error_line", "report", "exit_code", "expected", "disk_error", "quiet_expected_tracebacks",
-           "check_workdir", "tracking_warning", "verbose"]
+           "check_workdir", "tracking_warning", "prefect_log_warning", "verbose", "EXIT_NOT_RECORDED"]

@@ -47,6 +47,8 @@ from flows.serve_auth import AUTH_ENV, MIN_PASSWORD, _secret_key, read_credentia
 
 POOL = "mlm-process"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+WORKER_RESTART_S = 5.0                # a worker that exited is restarted after this delay, doubling each time ..
+WORKER_RESTART_MAX_S = 60.0           # .. up to this
 STATE_FILE = "serve.json"            # <workdir>/serve.json: URLs + child pids while serving
 
 QUIET_ENV = {
@@ -298,11 +300,28 @@ def serve(plan: Plan, timeout: float = 180.0, grace: float = GRACE_S) -> int:
                     children, max(30.0, timeout - (time.monotonic() - t0)))
         from flows.serve_banner import banner
         print(banner(plan, time.monotonic() - t0), flush=True)
+        restarts: dict[str, tuple[float, float]] = {}      # worker name -> (restart at, next delay)
         while True:
             for c in children:
-                if not c.alive():
-                    raise ServeError(f"{c.name} exited unexpectedly (code {c.proc.returncode}); stopping the others."
-                                     f" Last lines of {c.log}:\n{c.tail()}")
+                if c.alive():
+                    continue
+                if c.name.startswith("prefect worker") and all(s.alive() for s in servers):
+                    # a worker gives up after repeated API errors (Prefect's "Service exceeded error threshold"),
+                    # e.g. while the database of `--db` is down: restart it (backoff 5 s .. 60 s) rather than
+                    # stopping the servers that runs in progress still report to (issue 24 item 3)
+                    due, delay = restarts.get(c.name, (0.0, WORKER_RESTART_S))
+                    now = time.monotonic()
+                    if not due:
+                        print(f"mlm serve: {c.name} exited (code {c.proc.returncode}; its API calls failing? with "
+                              f"--db, is the database up?); restarting it in {delay:.0f} s. Log: {c.log}", flush=True)
+                        restarts[c.name] = (now + delay, min(delay * 2, WORKER_RESTART_MAX_S))
+                    elif now >= due:
+                        c.start()
+                        restarts[c.name] = (0.0, delay)
+                        _write_state(state, plan, children)
+                    continue
+                raise ServeError(f"{c.name} exited unexpectedly (code {c.proc.returncode}); stopping the others."
+                                 f" Last lines of {c.log}:\n{c.tail()}")
             time.sleep(1.0)
     except (KeyboardInterrupt, _Stop):
         print("\nmlm serve: stopping ...", flush=True)

@@ -95,8 +95,11 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
             else:
                 from tasks.sweep import run_child, tail
                 code, out = run_child(sweep, run, link, api_url)
+                from flows.guard import EXIT_NOT_RECORDED
                 from mlm_core.errors import EXIT_GATES_FAILED
-                ok = code in (0, EXIT_GATES_FAILED)     # failed gates are the run's result, not a failed run
+                # failed gates are the run's result, not a failed run; work complete but not recorded (an MLflow
+                # or Prefect outage, `mlm sync` records it) is done work too
+                ok = code in (0, EXIT_GATES_FAILED, EXIT_NOT_RECORDED)
                 if not ok:
                     logs[run.key] = f"exit {code}: {tail(out)} (log: {out})"
         except Exception as exc:  # noqa: BLE001 - one failed run does not stop the sweep

@@ -26,7 +26,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from mlm_core import stages
 from mlm_core.configio import load_config
 from mlm_core.store import StageStore
-from tasks import progress_log, publish, registry
+from tasks import orchestrator, progress_log, publish, registry
 from tasks.tracking import Tracker
 from tasks.validation import ValidationFailed, validate_stage
 
@@ -148,11 +148,17 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
         tracker.log_validation(run_id, report)     # summary.md + GE Data Docs HTML
     registered = POST_LOG[name](art, tracker, run_id, lc) if name in POST_LOG else None
     url = tracker.run_url(run_id)
-    create_markdown_artifact(key=f"{name}-summary", markdown=publish.stage_markdown(name, art, hit, seconds, report, url),
-                             description=f"{name}: {'cache hit' if hit else 'ran'}")
+    # recording in Prefect is best effort: an API (or database) outage must not fail a stage whose output is
+    # complete; the CLI's closing line says what was not recorded (tasks/orchestrator.py, flows/outage.py)
+    markdown = publish.stage_markdown(name, art, hit, seconds, report, url)
+    orchestrator.best_effort(lambda: create_markdown_artifact(
+        key=f"{name}-summary", markdown=markdown, description=f"{name}: {'cache hit' if hit else 'ran'}"),
+        f"{name} artifacts")
     rows = publish.table_rows(name, art)
     if rows:
-        create_table_artifact(key=f"{name}-stats", table=rows, description=f"{name}: {publish.table_title(name)}")
+        orchestrator.best_effort(lambda: create_table_artifact(
+            key=f"{name}-stats", table=rows, description=f"{name}: {publish.table_title(name)}"),
+            f"{name} table")
     logger.info("%s: %s %s in %.1fs -> %s", name, "cached" if hit else "ran", art.fingerprint, seconds, art.path)
     return {"stage": name, "fingerprint": art.fingerprint, "path": str(art.path), "cache_hit": hit,
             "model_version": registered,

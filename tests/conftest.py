@@ -1,7 +1,13 @@
 """Shared fixtures. Heavy imports (prefect, mlflow, great_expectations, torch) stay inside fixtures/tests."""
 from __future__ import annotations
 
+import glob
 import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -97,3 +103,81 @@ def run_demo_pipeline(tmp_path: Path, n_lines: int, **sections) -> dict:
                           "normalize": {"workers": 1}, **{k: v | sections.get(k, {}) for k, v in base.items()}})
     plans = plan(lc)
     return {name: execute(lc, name, plans)[0] for name in DEMO_STAGES}
+
+
+# ------------------------------------------------------------------------------ a throwaway PostgreSQL
+def pg_bin() -> Path | None:
+    """The folder holding initdb + pg_ctl: on PATH, else Debian's /usr/lib/postgresql/<version>/bin."""
+    found = shutil.which("initdb")
+    dirs = ([Path(found).resolve().parent] if found else []) + \
+        [Path(d) for d in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)]
+    return next((d for d in dirs if (d / "initdb").is_file() and (d / "pg_ctl").is_file()), None)
+
+
+class PgServer:
+    """A PostgreSQL server in a temporary folder (initdb, trust auth, a free loopback port); ``url`` is the
+    ``--db`` URL. ``stop(mode)`` / ``start()`` stop and restart it on the same port (outage tests).
+    PostgreSQL refuses to run as root: as root it runs as the ``postgres`` user (``runuser``)."""
+
+    def __init__(self):
+        from flows.procs import free_port
+        self.bindir = pg_bin()
+        if self.bindir is None:
+            msg = "no PostgreSQL server binaries (initdb, pg_ctl): apt-get install postgresql"
+            print(f"\nSKIP: {msg}")
+            pytest.skip(msg)
+        self.run_as: list[str] = []
+        self.root = Path(tempfile.mkdtemp(prefix="mlm-pg-"))   # not pytest's tmp: the postgres user must reach it
+        if os.geteuid() == 0:                                  # postgres refuses root: run it as its own user
+            try:
+                pw = pwd.getpwnam("postgres")
+            except KeyError:
+                pytest.fail("running as root and no 'postgres' user to run PostgreSQL as")
+            os.chown(self.root, pw.pw_uid, pw.pw_gid)
+            self.run_as = ["runuser", "-u", "postgres", "--"]
+        self.port = free_port()
+        self.data = self.root / "data"
+        self.url = f"postgresql://mlm@127.0.0.1:{self.port}/mlm"
+
+    def _pg_ctl(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+        return subprocess.run([*self.run_as, str(self.bindir / "pg_ctl"), "-D", str(self.data), *args],
+                              capture_output=True, text=True, cwd="/", timeout=timeout)
+
+    def init(self) -> None:
+        r = subprocess.run([*self.run_as, str(self.bindir / "initdb"), "-D", str(self.data), "-U", "mlm",
+                            "--auth=trust", "-E", "UTF8", "--no-locale"], capture_output=True, text=True, cwd="/",
+                           timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    def start(self) -> None:
+        r = self._pg_ctl("-l", str(self.root / "log"), "-w", "-t", "60", "-o",
+                         f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1", "start")
+        assert r.returncode == 0, r.stdout + r.stderr + (self.root / "log").read_text(errors="replace")
+
+    def stop(self, mode: str = "immediate") -> None:
+        r = self._pg_ctl("-m", mode, "-w", "stop", timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    def remove(self) -> None:
+        self._pg_ctl("-m", "immediate", "-w", "stop", timeout=60)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextmanager
+def pg_server():
+    """A started ``PgServer``; always stopped and removed."""
+    pg = PgServer()
+    try:
+        pg.init()
+        pg.start()
+        print(f"\nPostgreSQL {pg.bindir.parent.name} on 127.0.0.1:{pg.port} ({pg.data})")
+        yield pg
+    finally:
+        pg.remove()
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A PostgreSQL server for the module; yields the ``--db`` URL. Always stopped and removed."""
+    with pg_server() as pg:
+        yield pg.url

@@ -6,69 +6,18 @@ PostgreSQL started here (initdb into a temporary folder, pg_ctl on a free loopba
 - two workers: a pipeline deployment and a stage deployment run at the same time, each on its own worker.
 
 PostgreSQL refuses to run as root: as root the server runs as the ``postgres`` user (``runuser``). Skipped,
-with the reason printed, only where no PostgreSQL server binaries exist (``.ci/run`` installs them).
+with the reason printed, only where no PostgreSQL server binaries exist (``.ci/run`` installs them). The
+``postgres`` fixture is shared (tests/conftest.py: ``pg_server``, also used by tests/test_outage.py).
 """
 from __future__ import annotations
 
-import glob
-import os
-import pwd
-import shutil
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from test_servers import _tiny_config, _worker_log, deploy, end_to_end, mlm_serve, prefect_client_settings
 
 pytestmark = pytest.mark.slow
-
-
-def _pg_bin() -> Path | None:
-    """The folder holding initdb + pg_ctl: on PATH, else Debian's /usr/lib/postgresql/<version>/bin."""
-    found = shutil.which("initdb")
-    dirs = ([Path(found).resolve().parent] if found else []) + \
-        [Path(d) for d in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)]
-    return next((d for d in dirs if (d / "initdb").is_file() and (d / "pg_ctl").is_file()), None)
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    """A PostgreSQL server for this module; yields the ``--db`` URL. Always stopped and removed."""
-    from flows.procs import free_port
-    bindir = _pg_bin()
-    if bindir is None:
-        msg = "no PostgreSQL server binaries (initdb, pg_ctl): apt-get install postgresql"
-        print(f"\nSKIP test_postgres: {msg}")
-        pytest.skip(msg)
-    run_as: list[str] = []
-    root = Path(tempfile.mkdtemp(prefix="mlm-pg-"))     # not pytest's tmp: the postgres user must reach it
-    if os.geteuid() == 0:                               # postgres refuses root: run it as its own user
-        user = "postgres"
-        try:
-            pw = pwd.getpwnam(user)
-        except KeyError:
-            pytest.fail("running as root and no 'postgres' user to run PostgreSQL as")
-        os.chown(root, pw.pw_uid, pw.pw_gid)
-        run_as = ["runuser", "-u", user, "--"]
-    port = free_port()
-    data = root / "data"
-    try:
-        r = subprocess.run([*run_as, str(bindir / "initdb"), "-D", str(data), "-U", "mlm", "--auth=trust",
-                            "-E", "UTF8", "--no-locale"], capture_output=True, text=True, cwd="/", timeout=120)
-        assert r.returncode == 0, r.stdout + r.stderr
-        r = subprocess.run([*run_as, str(bindir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"), "-w",
-                            "-t", "60", "-o", f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"],
-                           capture_output=True, text=True, cwd="/", timeout=90)
-        assert r.returncode == 0, r.stdout + r.stderr + (root / "log").read_text(errors="replace")
-        print(f"\nPostgreSQL {bindir.parent.name} on 127.0.0.1:{port} ({data})")
-        yield f"postgresql://mlm@127.0.0.1:{port}/mlm"
-    finally:
-        subprocess.run([*run_as, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
-                       capture_output=True, cwd="/", timeout=60)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
