@@ -71,6 +71,11 @@ class EvaluateConfig(Section):
         json_schema_extra={"effect": "none"})
     ece_bins: int = Field(default=15, ge=2, description="Equal-width bins of the expected calibration error.",
         json_schema_extra={"effect": "output"})
+    span_fill: bool = Field(default=False, description="Also score span filling on the same held-out rows: spans "
+        "of 2-4 whole words (never across [SEP]) masked together and predicted in one pass, a span counting only when "
+        "every token is the top-1 (span_exact per language, with the unigram baseline span_baseline_exact and the "
+        "per-document counts in span_documents.parquet; mlm_core.evaluate.span_fill). The span-sensitive metric "
+        "SpanBERT's claim needs (issue 21).", json_schema_extra={"effect": "output", "omit_default": True})
     upos: TransferTask | None = Field(default=None, description="UPOS tagging transfer (CoNLL-U files).")
     classification: TransferTask | None = Field(default=None, description="Sentence classification transfer (TSV/JSONL text,label).")
     retrieval: dict[str, str] | None = Field(

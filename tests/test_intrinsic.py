@@ -344,3 +344,20 @@ def test_pseudo_perplexity_of_a_hopeless_model_is_inf_not_an_error():
     assert pseudo_perplexity(-800.0 * 10, 10) == float("inf")
     assert pseudo_perplexity(-2.0 * 4, 4) == pytest.approx(math.exp(2.0), rel=1e-12)
     assert math.isnan(pseudo_perplexity(0.0, 0))
+
+
+def test_span_fill_adds_span_metrics_and_changes_nothing_else(pipe):
+    """evaluate.span_fill (issue 21): on real shards and a real encoder every language gets the span metrics, the
+    per-document counts give span_exact back exactly, and every other intrinsic number is the one without it."""
+    arts = pipe["arts"]
+    cfg = CFG.model_copy(update={"span_fill": True, "pll_sentences": 0})
+    docs: dict = {}
+    out = run_intrinsic(pipe["model_dir"], arts["shards"].path, None, cfg, seed=0, span_documents=docs)
+    off = run_intrinsic(pipe["model_dir"], arts["shards"].path, None, CFG.model_copy(update={"pll_sentences": 0}),
+                        seed=0)
+    for lang in LANGS:
+        r = out["intrinsic"][lang]
+        assert r["span_n"] > 0 and 0 <= r["span_exact"] <= r["span_token_top1"] <= 1
+        assert r["span_exact"] == pytest.approx(docs[lang]["exact"].sum() / docs[lang]["spans"].sum())
+        assert docs[lang]["spans"].sum() == r["span_n"]
+        assert {k: v for k, v in r.items() if not k.startswith("span_")} == off["intrinsic"][lang]

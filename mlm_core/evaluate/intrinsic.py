@@ -339,7 +339,7 @@ def validation_texts(normalize_dir: Path, langs: list[str], fraction: float | No
 
 def run_intrinsic(model_dir: Path, shards_dir: Path, normalize_dir: Path | None, cfg, seed: int = 0,
                   plot_path: Path | None = None, model_hook=None, extended_tokenizer: bool = False,
-                  documents: dict | None = None) -> dict:
+                  documents: dict | None = None, span_documents: dict | None = None) -> dict:
     """Load the model folder, the shard set and (for PLL) the normalized documents; returns
     {"intrinsic": evaluate_intrinsic(...), "pll": evaluate_pll(...) or {} without normalize_dir, "mlm_model"}.
     An ELECTRA folder: model.safetensors is the generator, so the MLM metrics and PLL are the generator's
@@ -348,7 +348,9 @@ def run_intrinsic(model_dir: Path, shards_dir: Path, normalize_dir: Path | None,
     ``plot_path``: also write the reliability diagrams there. ``model_hook(model) -> model``: applied to the
     loaded model before scoring (debias.projection: ``mlm_core.bias.projection``). ``extended_tokenizer``:
     see ``evaluate_intrinsic``; the pseudo-perplexity always uses the folder's own tokenizer. ``documents``: filled
-    with the per-document top-1 counts (``evaluate_intrinsic``)."""
+    with the per-document top-1 counts (``evaluate_intrinsic``). ``cfg.span_fill``: each language also gets the
+    span-filling metrics (``mlm_core.evaluate.span_fill``: span_exact, ...), and ``span_documents`` their
+    per-document counts."""
     from mlm_core.evaluate.pll import evaluate_pll
     from mlm_core.fillmask import load_model_dir
     from mlm_core.shards.reader import ShardDataset
@@ -358,8 +360,14 @@ def run_intrinsic(model_dir: Path, shards_dir: Path, normalize_dir: Path | None,
     disc = load_discriminator(Path(model_dir))
     with ShardDataset(shards_dir) as ds:
         specials = special_ids_from_manifest(ds.manifest)
-        intrinsic = evaluate_intrinsic(model, ds, cfg, specials, seed=seed, extended_tokenizer=extended_tokenizer,
-                                       documents=documents)
+        counts = unigram_counts(ds, specials)
+        intrinsic = evaluate_intrinsic(model, ds, cfg, specials, seed=seed, counts=counts,
+                                       extended_tokenizer=extended_tokenizer, documents=documents)
+        if getattr(cfg, "span_fill", False):      # span filling scored on whole spans (issue 21)
+            from mlm_core.evaluate.span_fill import evaluate_span_fill
+            for lang, r in evaluate_span_fill(model, ds, cfg, specials, seed, counts, span_documents).items():
+                if not intrinsic.get(lang, {}).get("missing"):
+                    intrinsic[lang] |= r
         if disc is not None:             # ELECTRA: the MLM metrics above are the generator's; add the discriminator's
             from mlm_core.evaluate.rtd import evaluate_rtd
             for lang, r in evaluate_rtd(model, disc, ds, cfg, specials, seed=seed).items():

@@ -6,7 +6,9 @@ pseudo-perplexity) outputs, and the ``evaluate`` config section. Out: ``evaluati
 row per task and target language, with the untrained-encoder control and the gain over it),
 ``predictions.parquet`` (UPOS: one row per target word, the tagger's and the control's tag;
 ``mlm_core.evaluate.predictions``), ``intrinsic_documents.parquet`` (per language and held-out document: masked
-positions, the model's and the unigram baseline's top-1 hits; ``intrinsic.write_documents``), ``reliability.png``.
+positions, the model's and the unigram baseline's top-1 hits; ``intrinsic.write_documents``), ``reliability.png``;
+with ``evaluate.span_fill`` also ``span_documents.parquet`` (per language and document: spans, exact hits of the
+model and of the unigram baseline; ``span_fill.write_documents``) and the span metrics in every table.
 The same code runs on any model folder (``mlm evaluate MODEL``) through ``evaluate_model``.
 """
 from __future__ import annotations
@@ -35,11 +37,16 @@ def evaluate_model(model_dir: Path, shards_dir: Path, normalize_dir: Path | None
     # debias.projection (SentenceDebias): every metric below scores the projected representations
     hook, debias = _projection(lc, model_dir, normalize_dir, out_dir)
     documents: dict = {}
+    span_documents: dict = {}
     result = run_intrinsic(model_dir, shards_dir, normalize_dir, cfg, seed=lc.config.seed, plot_path=plot,
-                           model_hook=hook, extended_tokenizer=extended_tokenizer, documents=documents)
+                           model_hook=hook, extended_tokenizer=extended_tokenizer, documents=documents,
+                           span_documents=span_documents)
     if out_dir is not None:         # per-document top-1 counts: the report resamples documents (issue 21)
         from mlm_core.evaluate.intrinsic import DOCUMENTS_FILE, write_documents
         write_documents(documents, out_dir / DOCUMENTS_FILE)
+        if getattr(cfg, "span_fill", False):
+            from mlm_core.evaluate import span_fill
+            span_fill.write_documents(span_documents, out_dir / span_fill.DOCUMENTS_FILE)
     if debias is not None:
         result["debias"] = {"projection": debias}
     if cfg.upos or cfg.classification or cfg.retrieval:
@@ -71,13 +78,21 @@ def _projection(lc, model_dir: Path, normalize_dir: Path | None, out_dir: Path |
     return prepare(lc, model_dir, normalize_dir, out_dir)
 
 
+def _span_keys(result: dict) -> tuple[str, ...]:
+    """evaluate.span_fill's columns, only where some language has them (off: the tables keep their old columns)."""
+    from mlm_core.evaluate.span_fill import SPAN_KEYS
+    on = any("span_n" in r for r in result.get("intrinsic", {}).values() if isinstance(r, dict))
+    return SPAN_KEYS if on else ()
+
+
 def intrinsic_rows(result: dict) -> list[dict]:
+    keys = INTRINSIC_KEYS + _span_keys(result)
     rows = []
     for lang, r in sorted(result.get("intrinsic", {}).items()):
         if r.get("missing"):
-            rows.append({"lang": lang, "missing": True, **{k: None for k in INTRINSIC_KEYS}})
+            rows.append({"lang": lang, "missing": True, **{k: None for k in keys}})
             continue
-        row = {"lang": lang, "missing": False, **{k: r.get(k) for k in INTRINSIC_KEYS}}
+        row = {"lang": lang, "missing": False, **{k: r.get(k) for k in keys}}
         pll = result.get("pll", {}).get(lang, {})
         row["pseudo_perplexity"] = None if pll.get("missing") else pll.get("pseudo_perplexity")
         rows.append(row)
@@ -105,7 +120,8 @@ def flat_metrics(result: dict) -> dict[str, float]:
     for row in intrinsic_rows(result):
         for k in ("top1", "top1_ci_low", "top1_ci_high", "top5", "mrr", "perplexity", "ece", "baseline_top1",
                   "top1_over_baseline", "top1_over_baseline_ci_low", "top1_over_baseline_ci_high", "pseudo_perplexity",
-                  "rtd_acc", "rtd_auc", "rtd_baseline_acc"):
+                  "rtd_acc", "rtd_auc", "rtd_baseline_acc", "span_exact", "span_exact_ci_low", "span_exact_ci_high",
+                  "span_token_top1", "span_baseline_exact"):
             if isinstance(row.get(k), (int, float)):
                 out[f"{row['lang']}.{k}"] = float(row[k])
     for row in transfer_rows(result):

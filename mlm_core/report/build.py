@@ -31,7 +31,7 @@ from mlm_core.report.render import render_html, render_markdown
 # metrics shown when plan.json names none
 # (patterns with * list only what some run has: the untrained-encoder control's rows appear where it ran)
 DEFAULT_METRICS = ("mean.top1", "upos.*.score", "upos.source_score", "upos.mean.score", "upos.mean.untrained_*",
-                   "upos.*.gain_over_untrained", "*.top1", "*.top1_over_baseline", "*.rtd_acc", "*.rtd_auc",
+                   "upos.*.gain_over_untrained", "*.top1", "*.top1_over_baseline", "*.rtd_acc", "*.rtd_auc", "*.span_exact",
                    "small3.*", "large2.*", "*.pseudo_perplexity", "*.crows_score", "pretrain.final_loss")
 
 
@@ -63,7 +63,9 @@ CONTROLS = ((re.compile(r"(.+)\.top1"), r"\1.baseline_top1", "unigram baseline")
             # ELECTRA's replaced-token detection: predict "original" everywhere (accuracy = share of original
             # tokens at the same positions, AUC 0.5)
             (re.compile(r"(.+)\.rtd_acc"), r"\1.rtd_baseline_acc", "all-original baseline"),
-            (re.compile(r"(.+)\.rtd_auc"), r"\1.rtd_baseline_auc", "all-original baseline"))
+            (re.compile(r"(.+)\.rtd_auc"), r"\1.rtd_baseline_auc", "all-original baseline"),
+            # evaluate.span_fill: the unigram baseline's whole-span exact match at the same spans
+            (re.compile(r"(.+)\.span_exact"), r"\1.span_baseline_exact", "unigram baseline"))
 
 
 def control_of(metric: str) -> tuple[str, str] | None:

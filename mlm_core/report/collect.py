@@ -19,7 +19,9 @@ A run's metrics (one flat dict, the names the manifests use):
     and for ELECTRA runs rtd_acc, rtd_auc (the discriminator's replaced-token detection) and their control, the
     all-original baseline (predict "original" everywhere): ``<lang>.rtd_baseline_acc`` (stored by evaluate: the
     share of original tokens) and ``<lang>.rtd_baseline_auc`` = 0.5 (a constant score ranks no replaced token
-    above an original one; added here for each ``<lang>.rtd_auc``).
+    above an original one; added here for each ``<lang>.rtd_auc``); with ``evaluate.span_fill``, span_exact and
+    span_baseline_exact (whole-span filling and its unigram baseline; per-document data from
+    ``span_documents.parquet``).
 And the validation curve: (training FLOPs, mean validation loss over languages) at each eval record of the
 pretrain stage's metrics.jsonl; FLOPs = tokens so far x the stored model's flops_per_token at the run's mean
 measured masking rate (the count the loop's MFU uses).
@@ -43,6 +45,8 @@ MEAN_METRICS = ("top1", "baseline_top1", "top1_over_baseline")
 # ELECTRA's replaced-token detection and its all-original control (no per-document data: seeds-only intervals)
 RTD_METRICS = ("rtd_acc", "rtd_auc", "rtd_baseline_acc", "rtd_baseline_auc")
 RTD_BASELINE_AUC = 0.5
+# evaluate.span_fill: whole-span exact match and its unigram baseline (per document: span_documents.parquet)
+SPAN_METRICS = ("span_exact", "span_baseline_exact")
 LANG = r"[a-z]{2,3}"
 DOC_TOLERANCE = 1e-4       # per-document data must give back the stored metric (scores are rounded to 5 decimals)
 
@@ -181,7 +185,7 @@ def _derived(ev: dict) -> dict:
 def _means(metrics: dict) -> dict:
     """``mean.<m>``: the mean over the languages that have ``<lang>.<m>`` (module docstring)."""
     out = {}
-    for m in MEAN_METRICS + RTD_METRICS:
+    for m in MEAN_METRICS + RTD_METRICS + SPAN_METRICS:
         vals = [v for k, v in metrics.items() if re.fullmatch(rf"{LANG}\.{m}", k) and isinstance(v, (int, float))]
         if vals:
             out[f"mean.{m}"] = sum(vals) / len(vals)
@@ -223,6 +227,25 @@ def _intrinsic_strata(run: "Run", m: str) -> dict | None:
         b = np.array(base, dtype=np.float64) if m != "top1" else None
         out[lang] = (cor if m == "top1" else b if m == "baseline_top1" else cor - b, den)
     return out
+
+
+def _span_strata(run: "Run", m: str) -> dict | None:
+    """{lang: (numerator, denominator)} per document for ``<lang>.<m>`` (m in SPAN_METRICS) from
+    span_documents.parquet: exact hits (model or baseline) over spans."""
+    from mlm_core.evaluate.span_fill import DOCUMENTS_FILE
+    if "span" not in run._docs:
+        rows = _table(run.evaluate_dir / DOCUMENTS_FILE) if run.evaluate_dir else None
+        by: dict[str, list] = {}
+        for r in rows or []:
+            by.setdefault(r["lang"], []).append(r)
+        run._docs["span"] = by if rows is not None else None
+    by = run._docs["span"]
+    if by is None:
+        return None
+    key = "exact" if m == "span_exact" else "baseline_exact"
+    return {lang: (np.array([r[key] for r in rows], dtype=np.float64),
+                   np.array([r["spans"] for r in rows], dtype=np.float64))
+            for lang, rows in by.items() if all(r[key] is not None for r in rows)}
 
 
 def _upos_strata(run: "Run", task: str, key: str) -> dict | None:
@@ -268,6 +291,11 @@ def doc_data(run: "Run", metric: str):
         st = _intrinsic_strata(run, parts[1])
         langs = run.groups.get(parts[0]) or [k.split(".")[0] for k in run.metrics
                                              if re.fullmatch(rf"{LANG}\.{parts[1]}", k)]
+        strata = {lg: st[lg] for lg in langs} if st and langs and all(lg in st for lg in langs) else None
+    elif len(parts) == 2 and parts[1] in SPAN_METRICS:
+        st = _span_strata(run, parts[1])
+        langs = [parts[0]] if parts[0] != "mean" else [k.split(".")[0] for k in run.metrics
+                                                        if re.fullmatch(rf"{LANG}\.{parts[1]}", k)]
         strata = {lg: st[lg] for lg in langs} if st and langs and all(lg in st for lg in langs) else None
     elif len(parts) == 3 and parts[2] in ("score", "untrained_score", "gain_over_untrained"):
         st = _upos_strata(run, parts[0], parts[2])
