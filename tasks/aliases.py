@@ -2,17 +2,19 @@
 
 ``candidate``: the latest version that passed evaluation (version tag ``evaluation=passed``); ``champion``: a
 version that passed every promotion gate (``gates=passed``), or one promoted by hand with a reason. Every move
-is recorded on the version that receives the alias, as version tags (MLflow keeps no alias history itself):
-``alias.<a>.previous`` (the version that held it before, or ``none``; after a rollback, the version it was
-rolled back from), ``alias.<a>.by`` (pipeline / promote / rollback), ``alias.<a>.reason``, ``alias.<a>.at``
-(UTC). ``rollback`` walks that chain back: the alias goes to the version that held it before (else to the
-newest older version that qualifies) and the version it leaves gets ``alias.<a>.rolled_back`` = the reason.
-A rollback keeps the chain: the receiving version's earlier ``previous`` moves to ``alias.<a>.previous_before``
-(the next rollback follows it, never back to a rolled-back version).
+is recorded on the version that receives the alias, in one version tag per alias (MLflow keeps no alias
+history itself; one tag, so a version's page stays short): ``alias.<a>`` = JSON ``{"previous": the version that
+held it before, or "none" (after a rollback, the version it was rolled back from), "by": pipeline / promote /
+rollback, "reason", "at" (UTC)}``. ``rollback`` walks that chain back: the alias goes to the version that held
+it before (else to the newest older version that qualifies) and the version it leaves gets
+``alias.<a>.rolled_back`` = the reason. A rollback keeps the chain: the receiving version's earlier ``previous``
+moves to ``"previous_before"`` (the next rollback follows it, never back to a rolled-back version).
+Versions recorded before the single tag (``alias.<a>.previous``, ``.by``, ``.reason``, ``.at``) are read too.
 """
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 from mlm_core.errors import MlmError
 
@@ -65,6 +67,23 @@ def versions(client, name: str) -> dict[int, dict]:
             return out
 
 
+FIELDS = ("previous", "by", "reason", "at", "previous_before")
+
+
+def history(tags: dict, alias: str) -> dict:
+    """The version's record of its last ``alias`` move: ``{previous, by, reason, at[, previous_before]}``
+    ({} when it never held the alias); the older one-tag-per-field form is read too."""
+    raw = tags.get(f"alias.{alias}")
+    if raw:
+        try:
+            got = json.loads(raw)
+            if isinstance(got, dict):
+                return got
+        except ValueError:
+            pass
+    return {f: tags[f"alias.{alias}.{f}"] for f in FIELDS if f"alias.{alias}.{f}" in tags}
+
+
 def move(client, name: str, alias: str, version: int, by: str, reason: str, keep_previous: bool = False) -> int | None:
     """Point ``name@alias`` at ``version``, recording the move on that version; returns the previous holder.
     A no-op (nothing recorded) when the alias already points there."""
@@ -72,13 +91,15 @@ def move(client, name: str, alias: str, version: int, by: str, reason: str, keep
     if before == int(version):
         return before
     client.set_registered_model_alias(name, alias, str(version))
-    tags = {f"alias.{alias}.by": by, f"alias.{alias}.reason": reason or "-", f"alias.{alias}.at": _now()}
     current = client.get_model_version(name, str(version)).tags or {}
-    tags[f"alias.{alias}.previous"] = str(before) if before is not None else "none"
+    record = {"previous": str(before) if before is not None else "none", "by": by, "reason": reason or "-",
+              "at": _now()}
     if keep_previous:    # a rollback: where the chain went on from this version (the next rollback follows it)
-        tags[f"alias.{alias}.previous_before"] = _chain(current, alias)
-    for k, v in tags.items():
-        client.set_model_version_tag(name, str(version), k, v)
+        record["previous_before"] = _chain(current, alias)
+    client.set_model_version_tag(name, str(version), f"alias.{alias}", json.dumps(record))
+    for f in FIELDS:     # an older record's per-field tags: superseded by the one tag
+        if f"alias.{alias}.{f}" in current:
+            client.delete_model_version_tag(name, str(version), f"alias.{alias}.{f}")
     if by != "rollback" and f"alias.{alias}.rolled_back" in current:   # given the alias again: in the chain again
         client.delete_model_version_tag(name, str(version), f"alias.{alias}.rolled_back")
     return before
@@ -87,9 +108,10 @@ def move(client, name: str, alias: str, version: int, by: str, reason: str, keep
 def _chain(tags: dict, alias: str) -> str:
     """The version that held ``alias`` before this one in the history: ``previous``, except after a rollback
     (then ``previous`` is the version rolled back from, and the history goes on at ``previous_before``)."""
-    if tags.get(f"alias.{alias}.by") == "rollback":
-        return tags.get(f"alias.{alias}.previous_before", "none")
-    return tags.get(f"alias.{alias}.previous", "none")
+    h = history(tags, alias)
+    if h.get("by") == "rollback":
+        return h.get("previous_before", "none")
+    return h.get("previous", "none")
 
 
 def remove(client, name: str, alias: str, reason: str) -> None:

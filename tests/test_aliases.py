@@ -3,6 +3,8 @@ from (not `none`), the history still walks back; `mlm promote` / `mlm rollback` 
 say so. A plain SQLite registry, versions created by hand; the CLI as a real process."""
 from __future__ import annotations
 
+import json
+
 import os
 import subprocess
 import sys
@@ -40,12 +42,12 @@ def test_rollback_records_where_it_came_from_and_walks_back(registry, monkeypatc
     assert main(["rollback", NAME, "--reason", "v3 regressed"]) == 0
     tags = client.get_model_version(NAME, str(v2)).tags
     assert aliases.holder(client, NAME, "champion") == v2
-    assert tags["alias.champion.previous"] == str(v3)             # was "none"
-    assert tags["alias.champion.by"] == "rollback"
+    assert json.loads(tags["alias.champion"])["previous"] == str(v3)             # was "none"
+    assert json.loads(tags["alias.champion"])["by"] == "rollback"
     # the history is kept: the next rollback goes on to v1, never back to v3
     assert main(["rollback", NAME, "--reason", "v2 too"]) == 0
     assert aliases.holder(client, NAME, "champion") == v1
-    assert client.get_model_version(NAME, str(v1)).tags["alias.champion.previous"] == str(v2)
+    assert json.loads(client.get_model_version(NAME, str(v1)).tags["alias.champion"])["previous"] == str(v2)
     capsys.readouterr()
     assert main(["rollback", NAME, "--reason", "once more"]) != 0      # nothing held it before v1
     assert aliases.holder(client, NAME, "champion") == v1

@@ -116,6 +116,10 @@ def test_model_version_has_a_handful_of_tags_and_one_gate_table(piped):
     mv = c.get_model_version(MODEL, "1")
     own = {k: v for k, v in mv.tags.items() if not k.startswith("alias.")}    # alias history: tasks.aliases
     assert len(own) <= 8, sorted(own)
+    # the alias history is one tag per alias the version received (its move as JSON), not one per field
+    moves = {k for k in mv.tags if k.startswith("alias.")}
+    assert moves <= {"alias.candidate", "alias.champion"}, sorted(moves)
+    assert all(json.loads(mv.tags[k])["by"] == "pipeline" for k in moves)
     assert own["gates"] == "failed" and own["failed_gates"] == "max_ece/en,max_ece/ru", own
     assert own["evaluation"] in ("passed", "failed") and own["pretrain_fingerprint"] == piped["results"][3]["fingerprint"]
     assert not any(k.startswith("gate.") for k in mv.tags)

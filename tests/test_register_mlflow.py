@@ -202,7 +202,8 @@ def test_candidate_is_the_latest_version_that_passed_evaluation(registered, tmp_
     assert client.get_model_version(NAME, str(vb)).tags["evaluation"] == "passed"
     assert aliases.holder(client, NAME, "candidate") == vc
     hist = client.get_model_version(NAME, str(vc)).tags
-    assert hist["alias.candidate.by"] == "pipeline" and hist["alias.candidate.reason"] == "passed evaluation"
+    moved = json.loads(hist["alias.candidate"])          # one tag per alias, holding the move's record
+    assert moved["by"] == "pipeline" and moved["reason"] == "passed evaluation"
     # the evaluate contract failing (critical) also tags the version failed and removes its candidate alias
     report = types.SimpleNamespace(failed_critical=[{"table": "intrinsic", "type": "expect_column_values_to_be_between",
                                                      "kwargs": {"column": "top1"}}])
@@ -225,7 +226,8 @@ def test_promote_and_rollback_move_aliases_by_hand_with_the_reason(registered, m
     assert f"version {v1} -> {v2} (better on fr)" in capsys.readouterr().out
     tags = client.get_model_version(NAME, str(v2)).tags
     assert aliases.holder(client, NAME, "champion") == v2
-    assert (tags["alias.champion.by"], tags["alias.champion.reason"], tags["alias.champion.previous"]) == \
+    moved = json.loads(tags["alias.champion"])
+    assert (moved["by"], moved["reason"], moved["previous"]) == \
         ("promote", "better on fr", str(v1))
     # a version that failed its gates needs --force, and gets it with the reason recorded
     assert main(["promote", NAME, "--version", str(v3), "--reason", "try"]) != 0
@@ -235,7 +237,7 @@ def test_promote_and_rollback_move_aliases_by_hand_with_the_reason(registered, m
     assert main(["rollback", NAME, "--reason", "v3 regressed on ru"]) == 0
     assert aliases.holder(client, NAME, "champion") == v2
     assert client.get_model_version(NAME, str(v3)).tags["alias.champion.rolled_back"] == "v3 regressed on ru"
-    assert client.get_model_version(NAME, str(v2)).tags["alias.champion.by"] == "rollback"
+    assert json.loads(client.get_model_version(NAME, str(v2)).tags["alias.champion"])["by"] == "rollback"
     assert main(["rollback", NAME, "--alias", "champion", "--reason", "again"]) == 0
     assert aliases.holder(client, NAME, "champion") == v1
     capsys.readouterr()
