@@ -190,6 +190,10 @@ class ShardsConfig(Section):
         default=2, ge=1, description="Encoding parallelism: <= 2 encodes in-process on the tokenizer's own threads "
         "(packing overlaps encoding; fastest on 2 cores), >= 3 starts that many single-threaded processes.",
         json_schema_extra={"effect": "none"})
+    merge_workers: int = Field(
+        default=2, ge=1, description="Shard files written in parallel by the merge (threads; each output file is "
+        "written alone once the partitions' sizes fix its rows: the bytes do not depend on it).",
+        json_schema_extra={"effect": "none"})
     empty_language: Literal["error", "drop"] = Field(
         default="error", description="A language with no documents: fail (error) or drop it with a warning (drop).",
         json_schema_extra={"effect": "output"})

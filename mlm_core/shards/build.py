@@ -13,8 +13,9 @@ documents go to validation), ``encode.py`` (documents -> token and word-start ar
 worker processes) and ``parts.py`` (partitions: their documents, their files). This module wires them into the
 stage as plan -> process -> merge (``plan_shards``, ``process_shards``, ``merge_shards``; the
 ``PartitionedStage`` object is ``partitioned.py``): the tokenizer-bound encoding runs per language x run of
-documents, anywhere (a Dask worker); the merge packs, numbers and writes the shards and the tables in one
-pass, so they are those of a single pass over each language whatever the partitioning.
+documents, anywhere (a Dask worker); the merge (``merge.py``) plans every shard file from the partitions'
+document lengths, then writes the files independently (``shards.merge_workers`` at a time), so they are those
+of a single pass over each language whatever the partitioning and the number of merge workers.
 """
 from __future__ import annotations
 
@@ -197,43 +198,62 @@ def _cda_lists(lc) -> dict:
     return shard_lists(lc)
 
 
+def pack_language(lang: str, dirs: list[Path], cda: bool, out_dir: Path, layout: Layout, cls_id: int,
+                  rows_per_shard: int, batch_docs: int) -> tuple[list[dict], dict]:
+    """The one-pass merge of one language (the merge before the map of ``merge.py``, issue 23): every partition's
+    documents, in order, through one ``Packer`` per split. Kept as the reference the map's bytes are checked
+    against (``merge_shards(serial=True)``; tests/test_shards_merge_parallel.py, benchmarks/merge_parallel.py)."""
+    st, files = {}, []
+    for split in SPLITS:
+        w = ShardWriter(out_dir, split, lang, rows_per_shard, layout)
+        pk = Packer(w, cls_id, where=f"{split}/{lang}")
+        for d in dirs:
+            for enc in load_part(Path(d), split, batch_docs):
+                pk.add(enc)
+        if split == "train" and cda:                     # CDA copies after every original document
+            for d in dirs:
+                for enc in load_part(Path(d), _CDA, batch_docs):
+                    pk.add(enc)
+        st[split] = pk.close()
+        files.extend(w.close())
+    return files, {f"{k}_{split}": getattr(st[split], k) for split in SPLITS
+                   for k in ("docs", "tokens", "content_tokens", "rows")}
+
+
 def merge_shards(lc, upstream: dict, parts: list[dict], results: list[dict], part_dirs: list[Path],
-                 out_dir: Path) -> dict:
-    """Pack every language's partitions, in order, into the shard files + tables; returns the manifest fields."""
+                 out_dir: Path, serial: bool = False) -> dict:
+    """Write every language's shard files + tables from its partitions; returns the manifest fields.
+
+    Plan + map (``merge.py``): the files' stream ranges from the partitions' document lengths, then each file
+    written alone, ``shards.merge_workers`` at a time. ``serial=True``: the one-pass packer per language instead
+    (``pack_language``, languages side by side in threads): the same bytes, kept as the reference."""
     from mlm_core.sampling import sampling_table
+    from mlm_core.shards.merge import plan_streams, write_files
     cfg, tart = lc.config.shards, upstream["tokenizer"]
     _, _, vocab_size, specials, layout = _setup(lc, upstream)
     _check_cover(parts, results)
     langs = list(dict.fromkeys(p["lang"] for p in parts))
     dropped = [lang for lang in lc.config.languages if lang not in langs]
     cda_lists = _cda_lists(lc)
+    dirs_of = {lang: [str(d) for p, d in zip(parts, part_dirs) if p["lang"] == lang] for lang in langs}
 
-    def pack(lang: str) -> tuple[list[dict], dict]:
-        mine = [d for p, d in zip(parts, part_dirs) if p["lang"] == lang]
-        st, files = {}, []
-        for split in SPLITS:
-            w = ShardWriter(out_dir, split, lang, cfg.rows_per_shard, layout)
-            pk = Packer(w, specials["cls"], where=f"{split}/{lang}")
-            for d in mine:
-                for enc in load_part(Path(d), split, cfg.batch_docs):
-                    pk.add(enc)
-            if split == "train" and lang in cda_lists:       # CDA copies after every original document
-                for d in mine:
-                    for enc in load_part(Path(d), _CDA, cfg.batch_docs):
-                        pk.add(enc)
-            st[split] = pk.close()
-            files.extend(w.close())
-        log.info("shards: %s: %d train rows, %d validation rows", lang, st["train"].rows, st["validation"].rows)
-        return files, {f"{k}_{split}": getattr(st[split], k) for split in SPLITS
-                       for k in ("docs", "tokens", "content_tokens", "rows")}
-
-    # languages never share a row or a file: packed side by side (numpy, Arrow writes and sha256 release the
-    # GIL), listed in language order
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max(1, min(len(langs), os.cpu_count() or 1))) as ex:
-        packed = list(ex.map(pack, langs))
-    shards = [f for files, _ in packed for f in files]
-    per_lang = {lang: st for lang, (_, st) in zip(langs, packed)}
+    if serial:
+        def pack(lang: str) -> tuple[list[dict], dict]:
+            return pack_language(lang, [Path(d) for d in dirs_of[lang]], lang in cda_lists, out_dir, layout,
+                                 specials["cls"], cfg.rows_per_shard, cfg.batch_docs)
+        # languages never share a row or a file: packed side by side (numpy, Arrow writes and sha256 release the
+        # GIL), listed in language order
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max(1, min(len(langs), os.cpu_count() or 1))) as ex:
+            packed = list(ex.map(pack, langs))
+        shards = [f for files, _ in packed for f in files]
+        per_lang = {lang: st for lang, (_, st) in zip(langs, packed)}
+    else:
+        jobs, per_lang = plan_streams(langs, dirs_of, set(cda_lists), layout, cfg.rows_per_shard)
+        shards = write_files(jobs, out_dir, layout, specials["cls"], cfg.merge_workers)
+    for lang in langs:
+        st = per_lang[lang]
+        log.info("shards: %s: %d train rows, %d validation rows", lang, st["rows_train"], st["rows_validation"])
 
     counts = {lang: per_lang[lang]["tokens_train"] for lang in langs if per_lang[lang]["tokens_train"] > 0}
     # no token budget here: expected epochs are computed on display (`mlm stats`) from the current

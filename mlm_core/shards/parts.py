@@ -5,10 +5,11 @@ The stage is plan -> process -> merge (``mlm_core.partitions``; wired in ``build
            in config language order, then file order. A descriptor is a small JSON dict (``part``).
   process  encodes its documents (the tokenizer-bound work) into its own folder: per split, the content token
            ids, word starts and document lengths of its documents, in file order (``save`` / ``load``).
-  merge    feeds every partition of a language, in order, to the one packer per (split, language): the rows,
-           their numbering and the shard files are those of a single pass over the language's documents, so
-           they do not depend on how the documents were partitioned (the packer's rows are a function of the
-           concatenated document stream only; where encode batches or partitions end does not enter).
+  merge    cuts every (split, language) stream, its partitions in order, into rows and shard files
+           (``merge.py``: planned from the documents' lengths, each file then written alone): the rows, their
+           numbering and the shard files are those of a single pass over the language's documents, so they do
+           not depend on how the documents were partitioned (the rows are a function of the concatenated
+           document stream only; where encode batches or partitions end does not enter).
 
 The train/validation split needs the whole language (``split.py``: a hash-order prefix of ``k`` documents, and
 ``k`` may come from a top-up), so the plan computes it and hands each partition the "cut": the first training
