@@ -9,7 +9,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export MLFLOW_DISABLE_TELEMETRY := true
 export GX_ANALYTICS_ENABLED := false
 
-.PHONY: setup demo real adapt test schema clean bench
+.PHONY: setup demo real adapt test test-fast schema clean bench
 
 $(BIN)/mlm: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,8 +38,13 @@ adapt: setup
 	$(BIN)/mlm compare models:/mlm-demo@champion models:/mlm-adapt/latest --config configs/adapt.yaml
 	$(BIN)/mlm compare models:/mlm-demo@champion models:/mlm-adapt/latest --config configs/demo.yaml
 
+# everything: what CI runs (.ci/run)
 test: setup
 	$(BIN)/python -m pytest -q
+
+# the unit tier for the edit loop: no servers, no subprocess pipelines, nothing marked heavy (tests/conftest.py)
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not heavy"
 
 schema: setup
 	$(BIN)/mlm config schema --write

@@ -25,6 +25,23 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+# ------------------------------------------------------------------------------ test tiers
+# `heavy` (pyproject.toml): starts a server (Prefect, MLflow, PostgreSQL, `mlm serve`), a subprocess pipeline
+# (`mlm run`/`mlm sweep` in a process, torchrun, a Dask cluster) or runs real stages end to end, or takes > ~10 s.
+# `make test-fast` runs `-m "not heavy"`. Marked in the test files, and here: a test that asks (directly or through
+# another fixture) for one of these server fixtures, or for one its module names in its own ``HEAVY_FIXTURES``
+# (a module fixture that trains a model or runs stages), is heavy, so a new test on them lands in the heavy tier.
+HEAVY_FIXTURES = frozenset({"prefect_harness", "postgres"})
+
+
+@pytest.hookimpl(tryfirst=True)              # before `-m` deselects
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        heavy = HEAVY_FIXTURES | set(getattr(getattr(item, "module", None), "HEAVY_FIXTURES", ()))
+        if heavy & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.heavy)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The real public data in ../shared/data; always present in CI, so its absence is a failure, not a skip."""

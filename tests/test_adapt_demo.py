@@ -16,6 +16,7 @@ import pytest
 from conftest import REPO, write_lines
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+HEAVY_FIXTURES = {"adapted"}   # module fixtures that train or run stages: their tests are heavy (tests/conftest.py)
 DEMO_LANGS = ("en", "fr", "de", "ru", "ar", "hi", "zh")
 BASE_LANGS = ("en", "de", "hi")     # three of the demo's seven keep the test fast: one replay language (en)
 NEW = ("de", "hi")

@@ -53,6 +53,7 @@ def test_rollback_records_where_it_came_from_and_walks_back(registry, monkeypatc
     assert aliases.holder(client, NAME, "champion") == v1
 
 
+@pytest.mark.heavy
 def test_promote_of_a_model_that_does_not_exist_says_so(registry, tmp_path):
     _, uri, _ = registry
     env = {**os.environ, "MLM_TRACKING_URI": uri, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}

@@ -342,6 +342,7 @@ def test_compiled_step_carries_the_term(shards, tmp_path):
             assert math.isclose(x[part], y[part], rel_tol=2e-4, abs_tol=1e-7), (part, x[part], y[part])
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
 def test_two_gloo_processes_equal_one_process_with_accumulation(shards, tmp_path, fsdp):
     """The term is per micro-batch and weighted 1/grad_accum, DDP averaging over ranks: 2 ranks x 1 == 1 rank x 2

@@ -33,6 +33,7 @@ def test_toy_corpus_carries_the_planted_association():
     assert rates["she"] == pytest.approx(0.2, abs=0.03) and rates["someone"] == pytest.approx(0.2, abs=0.03)
 
 
+@pytest.mark.heavy
 def test_cda_and_the_regularizer_move_the_template_audit_towards_neutral(tmp_path):
     files = write_inputs(tmp_path)
     res = {"none": run_variant(tmp_path, files, steps=STEPS),

@@ -47,6 +47,7 @@ def complete_steps(root: Path) -> list[int]:
     return steps
 
 
+@pytest.mark.heavy
 def test_kill_9_at_random_moments_then_resume_exactly(shards, tmp_path):
     """5 trials of kill -9 on a ``python -m mlm_core.train.worker`` process (one while a checkpoint folder is
     being written, made slow by the MLM_CHECKPOINT_DELAY_S hook); each restart resumes from the newest

@@ -15,6 +15,7 @@ import pytest
 from conftest import REPO, write_lines
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+HEAVY_FIXTURES = {"two_models"}   # module fixtures that train or run stages: their tests are heavy (tests/conftest.py)
 LANGS = ("en", "ru")
 DEMO = REPO / "configs" / "demo"
 

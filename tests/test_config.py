@@ -14,11 +14,34 @@ REPO = Path(__file__).resolve().parent.parent
 SRC = {"en": {"paths": ["x.txt"]}, "fr": {"paths": ["y.txt"]}}
 
 
-def test_every_shipped_config_parses():
-    files = sorted((REPO / "configs").glob("*.yaml"))
-    assert files, "no configs shipped"
+SHIPPED_CONFIG_DIRS = ("configs", "configs/experiments", "configs/sweeps")
+
+
+@pytest.mark.parametrize("folder", SHIPPED_CONFIG_DIRS)
+def test_every_shipped_config_parses(folder):
+    """Every YAML in the folder parses with its own loader: a sweep file (it names a ``base:`` pipeline config)
+    with ``mlm_core.sweep.load_sweep``, which also validates the config of every variant; any other file with
+    ``load_config``. A file that is neither fails here with its loader's one-line error naming it."""
+    import yaml
+
+    from mlm_core.sweep import load_sweep
+    files = sorted((REPO / folder).glob("*.yaml"))
+    assert files, f"no configs shipped in {folder}/"
+    kinds = {}
     for f in files:
-        load_config(f)
+        raw = yaml.safe_load(f.read_text(encoding="utf-8"))
+        assert isinstance(raw, dict), f"{f}: the top level is not a mapping"
+        if "base" in raw:
+            sweep = load_sweep(f)
+            assert sweep.runs, f"{f}: a sweep with no runs"
+            kinds[f.name] = "sweep"
+        else:
+            load_config(f)
+            kinds[f.name] = "pipeline"
+    if folder == "configs/sweeps":
+        assert set(kinds.values()) == {"sweep"}, kinds
+    if folder == "configs":
+        assert set(kinds.values()) == {"pipeline"}, kinds
 
 
 def test_typo_names_full_path_and_closest_key():

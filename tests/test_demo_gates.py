@@ -27,6 +27,7 @@ SHORT = [] if FULL else ["pretrain.steps=20", "pretrain.warmup_steps=5", "pretra
 MIN_POSITIONS = 500
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+HEAVY_FIXTURES = {"demo_run"}   # module fixtures that train or run stages: their tests are heavy (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +87,8 @@ def test_transfer_source_score_is_held_out(demo_run):
         assert rep["source_score_on"] == "held-out" and rep["n_source_test"] > 0
 
 
+@pytest.mark.timeout(1800)
+@pytest.mark.heavy
 def test_the_plateau_detector_does_not_fire_on_the_demo_model(tmp_path):
     """The other half of issue 20's test, in every CI run: the unshortened demo model (configs/demo.yaml as
     shipped, pretraining only) has left the plateau: the detector judged it and did not fire, and every

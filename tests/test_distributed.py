@@ -22,6 +22,7 @@ def _args(cfg, shards, out) -> dict:
             "tokenizer_fingerprint": shards[1].fingerprint, "print_metrics": True}
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
 def test_two_gloo_processes_equal_one_process_with_accumulation(shards, tmp_path, fsdp):
     """Same global batch (rank r takes sampler draws r, r+2, ...; one process takes them in order), static
@@ -52,6 +53,7 @@ def test_two_gloo_processes_equal_one_process_with_accumulation(shards, tmp_path
     assert got["eval"].keys() == ref["eval"].keys()
 
 
+@pytest.mark.heavy
 def test_a_failing_rank_fails_the_launch_with_its_error(shards, tmp_path):
     from mlm_core.train.distributed import DistributedTrainingError, launch
     (tmp_path / "failing_worker.py").write_text(textwrap.dedent("""
@@ -79,6 +81,7 @@ def test_a_failing_rank_fails_the_launch_with_its_error(shards, tmp_path):
     assert elapsed < 90, elapsed                     # not the 300 s collective timeout
 
 
+@pytest.mark.heavy
 def test_stall_guard_kills_a_silent_group(shards, tmp_path):
     from mlm_core.train.distributed import DistributedTrainingError, launch
     (tmp_path / "silent_worker.py").write_text("import time\ntime.sleep(600)\n")

@@ -21,6 +21,7 @@ from test_train import LANGS, _lc, tiny_cfg, tiny_shards
 
 import torch  # a required dependency: missing must fail loudly, not skip the module
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+HEAVY_FIXTURES = {"run"}   # module fixture that trains an ELECTRA run: its tests are heavy (tests/conftest.py)
 
 SYL = {"en": ["ka", "lo", "mi", "tu", "re", "sa", "no", "vi"], "fr": ["pe", "ri", "zo", "fa", "du", "mo", "la", "ni"],
        "ru": ["да", "ки", "мо", "ре", "лу", "со", "ни", "ва"]}
@@ -65,6 +66,7 @@ def run(tmp_path_factory):
 
 
 # ------------------------------------------------------------------------------------------------ learning
+@pytest.mark.heavy
 def test_short_run_beats_both_baselines_in_training_and_in_evaluate(run):
     """Held-out rows: the discriminator's replaced-token accuracy beats predicting "original" everywhere,
     and the generator's top-1 beats the unigram baseline, in the loop's validation and in evaluate."""

@@ -159,6 +159,7 @@ def _wait_for(pred, timeout: float, what: str, proc: subprocess.Popen | None = N
 
 
 # ------------------------------------------------------------------------------------ SIGTERM
+@pytest.mark.heavy
 def test_sigterm_checkpoints_at_step_boundary_exits_nonzero_and_rerun_resumes(upstream):
     root, workdir = upstream
     cfg = _config(root, workdir, steps=5000)           # far more steps than the test waits for
@@ -282,6 +283,7 @@ def mlflow_server(tmp_path_factory):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+@pytest.mark.heavy
 def test_tracker_lost_mid_training_training_finishes_warns_and_sync_replays(upstream, mlflow_server, monkeypatch):
     from mlflow import MlflowClient
 
@@ -375,6 +377,7 @@ def test_tracker_lost_mid_training_training_finishes_warns_and_sync_replays(upst
 
 
 # ------------------------------------------------------------------------------------ Prefect's server, kill -9
+@pytest.mark.heavy
 def test_kill9_of_mlm_leaves_no_prefect_server(tmp_path):
     cfg = _config(tmp_path, tmp_path / "work")
     proc = subprocess.Popen([*MLM, "run", str(cfg), "--only", "normalize"], cwd=REPO, env=_env(),
@@ -417,6 +420,7 @@ def shared_workdir(tmp_path_factory):
     return _config(root, root / "work")
 
 
+@pytest.mark.heavy
 def test_two_runs_on_one_fresh_workdir_one_computes_one_reuses(shared_workdir):
     cfg = shared_workdir
     assert not (cfg.parent / "work").exists()
@@ -489,6 +493,7 @@ def test_low_free_space_refused_before_prefect_starts(tmp_path):
     assert not (tmp_path / "work" / "prefect").exists()
 
 
+@pytest.mark.heavy
 def test_disk_full_during_pretrain_one_line_and_nothing_complete(upstream, tmp_path):
     """A tiny tmpfs as the workdir (or, where mounting is not allowed, a file-size limit): the pretrain stage's
     checkpoint does not fit. One `error:` line names the stage, the file and the cause; no manifest."""
@@ -527,6 +532,7 @@ def test_disk_full_during_pretrain_one_line_and_nothing_complete(upstream, tmp_p
 
 
 # ------------------------------------------------------------------------------------ errors and secrets
+@pytest.mark.heavy
 def test_expected_data_error_is_one_line_without_prefect_traceback(shared_workdir):
     cfg = shared_workdir
     r = subprocess.run([*MLM, "run", str(cfg), "--only", "normalize", "--set", "normalize.min_chars=500"],

@@ -443,6 +443,7 @@ def test_threshold_change_revalidates_without_recomputing(small_cfg, prefect_har
 
 
 # ------------------------------------------------------------------------------------------------ (d) --only
+@pytest.mark.heavy
 def test_only_and_the_stage_flow_agree_on_force(small_cfg, monkeypatch):
     import inspect
 

@@ -23,7 +23,7 @@ MLM = [sys.executable, "-m", "flows.cli"]
 NAME = "gates-outcome-model"
 LINE = re.compile(r"^register: registered version 1, gates FAILED \((\d+) of (\d+)\): (.+)$", re.M)
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.heavy, pytest.mark.timeout(1800)]
 
 
 def _env(work) -> dict:

@@ -127,6 +127,7 @@ def test_continued_training_lowers_the_loss_and_exports_the_same_family(family_r
         assert type(disc).__name__ == "ElectraForPreTraining"
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_model_the_stage_starts_from_equals_the_checkpoint(family_runs, family):
     """(a) through the stage's own path (prepare -> build, what the loop and the torchrun workers train): before
@@ -422,6 +423,7 @@ def test_prefect_flows_continue_a_checkpoint_and_then_its_registered_version(fam
 
 
 # ------------------------------------------------------------------------------------------------ extend + torchrun
+@pytest.mark.heavy
 def test_extended_vocabulary_with_two_processes(tmp_path):
     """tokenizer.extend on a BERT checkpoint whose tokenizer fragments the Russian text, trained by two torchrun
     processes: the model the workers start from has the grown vocabulary with each new row the mean of its

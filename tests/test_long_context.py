@@ -167,6 +167,7 @@ def test_config_errors_name_the_keys(raw, keys):
     assert lc.config.shards.seq_len == 2048
 
 
+@pytest.mark.heavy
 def test_pipeline_at_seq_len_1024_with_local_global(tmp_path):
     """normalize -> tokenizer -> shards (seq_len 1024) -> pretrain (local_global) -> evaluate (with efficiency):
     trains, evaluates, stores safetensors without a Hugging Face export (the reason in the manifest), and the

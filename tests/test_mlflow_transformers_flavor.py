@@ -149,6 +149,7 @@ LOAD = textwrap.dedent("""\
     """)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("family", FAMILIES)
 def test_registered_model_is_transformers_fill_mask_and_loads_without_the_project(registry, family, tmp_path):
     versions, uri, root = registry
@@ -278,7 +279,7 @@ def _post(port: int, payload: dict) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_mlflow_models_serve_without_the_project_fills_masks_and_answers_400(registry, tmp_path):
     """A real `mlflow models serve -m models:/NAME@ALIAS` process in which the project cannot be imported."""
     versions, uri, root = registry

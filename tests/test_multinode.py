@@ -157,6 +157,7 @@ def _loss_diff(a: Path, b: Path) -> float:
     return max(abs(la[k] - lb[k]) for k in la)
 
 
+@pytest.mark.heavy
 def test_two_nodes_equal_one_node_with_two_processes(shards, single_node, tmp_path):
     from flows.procs import free_port
     ref, ref_out = single_node
@@ -182,6 +183,7 @@ def test_two_nodes_equal_one_node_with_two_processes(shards, single_node, tmp_pa
     assert json.loads((out / "launch" / "worker-args.json").read_text())["finished"]["outcome"] == "completed"
 
 
+@pytest.mark.heavy
 def test_both_nodes_stopped_and_restarted_resume_exactly(shards, single_node, tmp_path):
     from flows.procs import free_port
     ref, ref_out = single_node
@@ -219,6 +221,7 @@ def test_both_nodes_stopped_and_restarted_resume_exactly(shards, single_node, tm
     print(f"after the restart: max |param diff| {diff:.1e}, max |loss diff| {_loss_diff(out, ref_out):.1e}")
 
 
+@pytest.mark.heavy
 def test_join_waits_for_the_next_attempt_not_a_finished_one(tmp_path, monkeypatch):
     """The join protocol on the shared folder, without torchrun (FAKE_WORKER). A node started right after an
     attempt ended must not take that attempt's arguments (it used to, for timeout_s after node 0 wrote them, and

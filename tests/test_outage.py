@@ -33,7 +33,8 @@ def _stages_done(config: Path, overrides: list[str]) -> dict[str, str]:
     return {name: p.status for name, p in plan(load_config(config, overrides)).items()}
 
 
-@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.heavy
 def test_database_outage_mid_run_exits_4_with_one_line_then_the_printed_rerun_records_it(tmp_path):
     import httpx
     from mlflow import MlflowClient

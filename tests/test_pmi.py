@@ -271,6 +271,7 @@ def test_pmi_without_vocabulary_is_a_clear_error(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- through the pipeline
+@pytest.mark.heavy
 def test_pipeline_pretrains_and_evaluates_with_pmi_masking(tmp_path, one_torch_thread):
     """normalize -> tokenizer (with the PMI vocabulary) -> shards -> pretrain (strategy pmi) -> evaluate: the
     pretrain stage finds the vocabulary of the tokenizer that encoded its shards; evaluate reports efficiency."""

@@ -17,7 +17,7 @@ import pytest
 
 from test_servers import _tiny_config, _worker_log, deploy, end_to_end, mlm_serve, prefect_client_settings
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.heavy
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from conftest import REPO, write_en_ru_config
 MLM = [sys.executable, "-m", "flows.cli"]
 NAME = "concurrent-model"
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.heavy]
 
 
 BARRIER = r'''
@@ -80,6 +80,7 @@ def _env(**extra) -> dict:
     return env | {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **extra}
 
 
+@pytest.mark.timeout(1800)
 def test_two_runs_overlapping_at_registration_register_one_version(tmp_path):
     cfg = write_en_ru_config(
         tmp_path, "concurrent", 60,

@@ -113,7 +113,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_mlflow_models_serve_answers_an_invocation(registered, tmp_path):
     import mlflow
     lc, arts, tracker, _, version = registered

@@ -275,6 +275,7 @@ def _crossed_bootstrap_by_hand(tops, docs, seeds, B=stats.N_RESAMPLES, seed=stat
     return np.percentile(reps, [2.5, 97.5])
 
 
+@pytest.mark.heavy
 def test_report_end_to_end_on_stored_outputs(tmp_path):
     """Four real pipeline runs (masking rate 0.15 / 0.40 x seeds 0, 1; 3 training steps): the per-document file
     gives back the stored top-1 and baseline, and the report's primary interval is the bootstrap written out."""

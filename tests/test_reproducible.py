@@ -65,6 +65,7 @@ def two_runs(tmp_path_factory):
     return first, base / "first", work
 
 
+@pytest.mark.heavy
 def test_every_stage_output_is_byte_identical_except_declared_time_fields(two_runs):
     from mlm_core.reproducible import FILE_TIME_FIELDS, comparable_output
     from mlm_core.stages import STAGES
@@ -96,6 +97,7 @@ def test_every_stage_output_is_byte_identical_except_declared_time_fields(two_ru
     assert any(f.endswith("/hf/model.safetensors") for f in files), files
 
 
+@pytest.mark.heavy
 def test_declared_time_fields_exist(two_runs):
     """The declaration stays honest: each declared field is really written (a renamed field must be renamed here)."""
     from mlm_core.reproducible import FILE_TIME_FIELDS, MANIFEST_TIME_FIELDS

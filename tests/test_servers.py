@@ -225,7 +225,7 @@ def test_public_host_without_credentials_refuses(tmp_path):
 
 
 # ------------------------------------------------------------------------------ real servers
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_auth_refuses_unauthenticated_requests(tmp_path):
     import importlib.util
 
@@ -256,7 +256,8 @@ def test_auth_refuses_unauthenticated_requests(tmp_path):
     assert check.returncode == 1 and "DOWN" in check.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.heavy
 def test_deployments_end_to_end_with_real_servers(tmp_path):
     wd = tmp_path / "srv"
     with mlm_serve(wd) as (pport, mport, _state):

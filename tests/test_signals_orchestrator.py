@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+HEAVY_FIXTURES = {"prefect_server"}   # a real Prefect server process: its tests are heavy (tests/conftest.py)
 
 
 def _run(code: str, tmp_path: Path, env: dict | None = None, timeout: float = 120,

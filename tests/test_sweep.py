@@ -284,7 +284,8 @@ def _procs_mentioning(text: str) -> list[int]:
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.heavy
 def test_cli_kill9_midway_then_rerun_finishes_with_concurrency(tmp_path):
     """`mlm sweep` with concurrency 2 (each run an `mlm run` process) killed with SIGKILL after its first run is
     stored: its runs stop too, and a rerun finishes the sweep without recomputing the stored run."""

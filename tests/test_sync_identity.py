@@ -19,7 +19,7 @@ import pytest
 
 from test_faults import MLM, REPO, Relay, _config, _env, mlflow_server  # noqa: F401 - the fixture, reused
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.heavy, pytest.mark.timeout(1800)]
 
 
 def _train_lines(workdir: Path) -> int:

@@ -189,7 +189,7 @@ def test_stage_run_spans_the_work_and_links_back(cfg_file, prefect_harness, monk
 
 
 # ------------------------------------------------------------------------------------ a real served store
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_real_mlflow_server_over_the_cli_store(tmp_path):
     """A run logged through `mlflow server` (as `mlm serve` starts it) lands in <workdir>/mlflow.db, where a
     CLI run without the server finds it (one store), with its artifacts in <workdir>/mlartifacts."""
@@ -228,7 +228,7 @@ def test_real_mlflow_server_over_the_cli_store(tmp_path):
     assert c.get_run(tok).info.status == "FINISHED"
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_mlm_run_logs_to_a_running_mlm_serve(tmp_path):
     """`mlm serve` for a workdir, then `mlm run` with a config using that workdir: the run is in the served
     MLflow (same mlflow.db) and in the served Prefect, and its MLflow runs link to the Prefect flow run."""

@@ -123,6 +123,7 @@ def test_resume_of_a_finished_run_trains_nothing(shards, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ learning
+@pytest.mark.heavy
 def test_tiny_model_beats_the_unigram_baseline(shards, tmp_path):
     cfg = tiny_cfg(model={"hidden": 128, "layers": 2, "dropout": 0.0}, steps=300, batch_size=16, lr=1e-3,
                    warmup_steps=0, decay="constant", log_every=50, eval_batches=8, checkpoint_every=1000)

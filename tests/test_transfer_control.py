@@ -261,6 +261,7 @@ assert torch.get_num_threads() == threads, "the caller's thread count was not re
 """
 
 
+@pytest.mark.heavy
 def test_two_processes_give_identical_scores_and_prediction_bytes(model_dir, shared_data, tmp_path):
     train = head_conllu(shared_data, "ud-train/en_ewt-ud-train.conllu", 80, tmp_path / "en_train.conllu")
     fr = head_conllu(shared_data, "ud-pud/fr_pud-ud-test.conllu", 30, tmp_path / "fr.conllu")
