@@ -18,8 +18,8 @@ and its interval.
   ``debias.projection`` is not applied to it (the subspace is the pretrained model's).
 - Interval: a paired percentile bootstrap over target *sentences* (the words of one sentence are not
   independent draws): per word d = [pretrained correct] − [untrained correct]; each of
-  ``intrinsic.BOOTSTRAP_SAMPLES`` replicates resamples the sentences with replacement and takes
-  sum(d) / words over the drawn sentences (``intrinsic.bootstrap_ci``, seeded with the run's training seed, so
+  ``resample.BOOTSTRAP_SAMPLES`` replicates resamples the sentences with replacement and takes
+  sum(d) / words over the drawn sentences (``resample.bootstrap_ci``, seeded with the run's training seed, so
   the interval is a function of the config). For sentence classification each example is its own sentence.
 - ``zero_shot``: the mean over the targets other than the source language of score, untrained_score and gain,
   with an interval from the per-target replicates averaged (``mean_gain``).
@@ -49,7 +49,7 @@ def correct(pred: list, gold: list) -> np.ndarray:
 
 def paired_gain(pred: list, untrained: list, gold: list, groups: list[int], seed: int) -> dict:
     """{"untrained_score", "gain_over_untrained", "gain_over_untrained_ci_low", "..._ci_high"} (module doc)."""
-    from mlm_core.evaluate.intrinsic import bootstrap_ci
+    from mlm_core.evaluate.resample import bootstrap_ci
     if len(groups) != len(gold):
         raise ValueError(f"{len(groups)} sentence ids for {len(gold)} gold labels")
     a, b = correct(pred, gold), correct(untrained, gold)
@@ -64,9 +64,9 @@ def paired_gain(pred: list, untrained: list, gold: list, groups: list[int], seed
 def mean_gain(parts: list[tuple], seed: int) -> dict:
     """The zero-shot mean over targets: per target (pred, untrained, gold, groups), the unweighted mean of the
     targets' scores, untrained scores and gains, and a 95% interval of the mean gain: the replicates of each
-    target's sentence bootstrap (``intrinsic.bootstrap_replicates``, the same seed for every target, so the
+    target's sentence bootstrap (``resample.bootstrap_replicates``, the same seed for every target, so the
     parallel PUD treebanks, the same sentences in every language, are resampled jointly) averaged over targets."""
-    from mlm_core.evaluate.intrinsic import bootstrap_replicates
+    from mlm_core.evaluate.resample import bootstrap_replicates
     scores, untrained, reps = [], [], []
     for pred, ctrl, gold, groups in parts:
         a, b = correct(pred, gold), correct(ctrl, gold)

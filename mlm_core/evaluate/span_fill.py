@@ -6,7 +6,7 @@ only when every one of its tokens is predicted.
 In: an ``MLMEncoder`` (``encode`` / ``mlm_logits``), a ``ShardDataset`` (validation rows), the special ids, the
 seed and the language's train token counts (the unigram baseline). Out per language: ``span_n`` (spans
 scored), ``span_exact`` (share of spans whose every token is the model's top-1), its document-bootstrap 95%
-interval (``span_exact_ci_low/high``, as ``intrinsic.bootstrap_ci``), ``span_token_top1`` (top-1 over the
+interval (``span_exact_ci_low/high``, as ``resample.bootstrap_ci``), ``span_token_top1`` (top-1 over the
 tokens inside spans) and ``span_baseline_exact`` (the unigram baseline: the language's most frequent train
 token predicted at every position, scored the same way); and per held-out document (``document_counts``) the
 spans, exact model hits and exact baseline hits that ``span_documents.parquet`` stores for the report's
@@ -107,7 +107,7 @@ def score_language(model, shards, lang: str, n_rows: int, special_ids: Mapping[s
 
 
 def summarize(s: dict[str, np.ndarray], seed: int, has_baseline: bool) -> dict:
-    from mlm_core.evaluate.intrinsic import bootstrap_ci
+    from mlm_core.evaluate.resample import bootstrap_ci
     exact = s["exact"].astype(np.float64)
     lo, hi = bootstrap_ci(s["group"], exact, seed=seed)
     return {"span_n": int(len(exact)), "span_exact": float(exact.mean()), "span_exact_ci_low": lo,
