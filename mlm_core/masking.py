@@ -52,29 +52,15 @@ from dataclasses import dataclass
 
 import torch
 
+from mlm_core import mask_primitives as mp
 from mlm_core.config import MaskingConfig
 
 IGNORE_INDEX = -100
 
-from mlm_core.mask_primitives import ACT_BITS as _ACT_BITS
-from mlm_core.mask_primitives import ACT_SHIFT as _ACT_SHIFT
-from mlm_core.mask_primitives import GOLDEN as _GOLDEN
-from mlm_core.mask_primitives import RID_BITS as _RID_BITS
-from mlm_core.mask_primitives import SEL_BITS as _SEL_BITS
-from mlm_core.mask_primitives import SPAN_BITS as _SPAN_BITS
-from mlm_core.mask_primitives import STREAM_POS as _STREAM_POS
-from mlm_core.mask_primitives import STREAM_SPAN as _STREAM_SPAN
-from mlm_core.mask_primitives import blend as _blend
-from mlm_core.mask_primitives import mix as _mix
-from mlm_core.mask_primitives import mix_int as _mix_int
-from mlm_core.mask_primitives import shr as _shr
-from mlm_core.mask_primitives import threshold as _threshold
-from mlm_core.mask_primitives import i64 as _i64
 
 # static masking: copy c of a sequence's mask adds c * _COPY to its row state (an odd constant, so the k copies of
 # one sequence have distinct states; copy 0 is the state of the single static mask of earlier versions)
-_COPY = _i64(0xA0761D6478BD642F)
-from mlm_core.mask_primitives import units as _units_of
+_COPY = mp.i64(0xA0761D6478BD642F)
 
 
 def masking_rate(cfg: MaskingConfig, step: int, total_steps: int) -> float:
@@ -131,7 +117,7 @@ class Masker:
         if len(specials) >= vocab_size:
             raise ValueError("the vocabulary has no non-special token to draw random replacements from")
         if vocab_size > 1 << 35:
-            raise ValueError(f"vocab_size {vocab_size} too large for the {_RID_BITS}-bit random-id draw")
+            raise ValueError(f"vocab_size {vocab_size} too large for the {mp.RID_BITS}-bit random-id draw")
         if cfg.strategy == "pmi" and collocations is None:
             raise ValueError("masking strategy 'pmi' needs the collocation vocabulary (mlm_core.pmi: the tokenizer "
                              "stage writes it when tokenizer.pmi_vocab > 0)")
@@ -146,14 +132,14 @@ class Masker:
         allowed[specials] = False
         self._never_cpu, self._allowed_cpu = never, allowed.nonzero().squeeze(1)
         self._cache: dict[tuple, torch.Tensor] = {}
-        self._seed_key = _mix_int(self.seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019)
+        self._seed_key = mp.mix_int(self.seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019)
         self._mean_span = span_length_mean(cfg.span_p, cfg.span_max)
         # span lengths by inverse CDF on integer keys (exact to 2**-24 and identical on every device, unlike a
         # float log): L = 1 + #{k in 1..span_max-1 : key >= 2**24 * P(L <= k)}
         cdf = span_length_cdf(cfg.span_p, cfg.span_max)[:-1]
-        self._len_bounds_cpu = torch.tensor([_threshold(c, _SPAN_BITS) for c in cdf], dtype=torch.int64)
+        self._len_bounds_cpu = torch.tensor([mp.threshold(c, mp.SPAN_BITS) for c in cdf], dtype=torch.int64)
         pm, pr = cfg.mask_token_prob, cfg.random_token_prob
-        self._act_mask, self._act_rand = _threshold(pm, _ACT_BITS), _threshold(pm + pr, _ACT_BITS)
+        self._act_mask, self._act_rand = mp.threshold(pm, mp.ACT_BITS), mp.threshold(pm + pr, mp.ACT_BITS)
 
     # -- cached device constants --------------------------------------------------------------------------
     def _const(self, name: str, device: torch.device, n: int = 0) -> torch.Tensor:
@@ -168,7 +154,7 @@ class Masker:
             elif name == "arange":
                 v = torch.arange(n, dtype=torch.int64)
             else:   # Weyl increments of one stream: offset + i * golden (wrapping)
-                v = torch.arange(n, dtype=torch.int64) * _GOLDEN + (_STREAM_POS if name == "pos" else _STREAM_SPAN)
+                v = torch.arange(n, dtype=torch.int64) * mp.GOLDEN + (mp.STREAM_POS if name == "pos" else mp.STREAM_SPAN)
             self._cache[key] = v.to(device)
         return self._cache[key]
 
@@ -191,25 +177,25 @@ class Masker:
             seq = torch.as_tensor(seq_ids, dtype=torch.int64, device=device).reshape(-1)
             if seq.numel() != b:
                 raise ValueError(f"seq_ids has {seq.numel()} entries for a batch of {b}")
-            state = seq * _GOLDEN + self._seed_key
+            state = seq * mp.GOLDEN + self._seed_key
             if passes is not None and self.cfg.static_copies > 1:
                 pas = torch.as_tensor(passes, dtype=torch.int64, device=device).reshape(-1)
                 if pas.numel() != b or bool((pas < 0).any()):
                     raise ValueError(f"passes must hold {b} non-negative pass indices, got {pas.numel()} entries")
                 state += (pas % self.cfg.static_copies) * _COPY     # copy 0 adds nothing: the old key
-            return _mix(state)
+            return mp.mix(state)
         gdev = generator.device if generator is not None else torch.device("cpu")
         keys = torch.randint(-(1 << 63), (1 << 63) - 1, (b,), generator=generator, dtype=torch.int64, device=gdev)
         return keys.to(device)
 
     def _hash(self, row_key: torch.Tensor, stream: str, n: int) -> torch.Tensor:
         """[B, n] int64 hashes: splitmix64 over the row's Weyl sequence (state row_key + offset + i * golden)."""
-        return _mix(row_key[:, None] + self._const(stream, row_key.device, n)[None, :])
+        return mp.mix(row_key[:, None] + self._const(stream, row_key.device, n)[None, :])
 
     # -- selection --------------------------------------------------------------------------------------
     @staticmethod
     def _units(cand: torch.Tensor, word_start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _units_of(cand, word_start)
+        return mp.units(cand, word_start)
 
     def _select_whole_word(self, cand, word_start, sel_key, thr) -> torch.Tensor:
         uidx, start = self._units(cand, word_start)
@@ -242,7 +228,7 @@ class Masker:
         m = x_max // (1 + gap) + 1                                # the tiling reaches x_max
         h = self._hash(row_key, "span", m)
         bounds = self._const("len_bounds", dev)
-        length = torch.searchsorted(bounds, _shr(h, 64 - _SPAN_BITS), right=True).add_(1)   # 1..span_max
+        length = torch.searchsorted(bounds, mp.shr(h, 64 - mp.SPAN_BITS), right=True).add_(1)   # 1..span_max
         cycle = length + gap
         c = cycle.cumsum(1) - length                              # span starts; the first at coordinate `gap`
         # per segment k (column k of [b, n_seg + 1]; column 0 = before the first segment): its first unit
@@ -253,7 +239,7 @@ class Masker:
         tau = sigma + self._const("arange", dev, n_seg + 1).sub(1).clamp_(min=0) * stride
         j = torch.searchsorted(c, tau).clamp_(max=m - 1)          # first span starting at/after tau
         q = self._mean_span / (self._mean_span + gap)
-        gap_first = (h.gather(1, j) & 0xFFFF) >= _threshold(q, 16)
+        gap_first = (h.gather(1, j) & 0xFFFF) >= mp.threshold(q, 16)
         shift = c.gather(1, j) - gap * gap_first - sigma
         shift[:, 0] = 0
         x = (ar + shift.gather(1, seg)).clamp_(0, x_max)
@@ -267,9 +253,9 @@ class Masker:
         # keep each span with probability budget / tokens covered by all spans: E[selected] = p * candidates
         covered = (tok * (span_of_unit > 0)).sum(1)
         keep_p = (p * cand.sum(1)) / covered.clamp(min=1)
-        keep_thr = (keep_p.clamp_(max=1.0) * (1 << _SPAN_BITS)).round_().to(torch.int64)
+        keep_thr = (keep_p.clamp_(max=1.0) * (1 << mp.SPAN_BITS)).round_().to(torch.int64)
         keep = torch.zeros(b, m + 1, dtype=torch.bool, device=dev)
-        keep[:, 1:] = ((h >> 16) & ((1 << _SPAN_BITS) - 1)) < keep_thr[:, None]
+        keep[:, 1:] = ((h >> 16) & ((1 << mp.SPAN_BITS) - 1)) < keep_thr[:, None]
         return keep.gather(1, span_of_unit).gather(1, uidx) & cand
 
     # -- public -----------------------------------------------------------------------------------------
@@ -293,7 +279,7 @@ class Masker:
         if strategy == "span":
             sel = self._select_span(cand, ws, row_key, p)
         else:
-            sel_key, thr = _shr(h, 64 - _SEL_BITS), _threshold(p, _SEL_BITS)
+            sel_key, thr = mp.shr(h, 64 - mp.SEL_BITS), mp.threshold(p, mp.SEL_BITS)
             if strategy == "token":
                 sel = (sel_key < thr) & cand
             elif strategy == "whole_word":
@@ -305,14 +291,14 @@ class Masker:
             else:
                 raise ValueError(f"unknown masking strategy {strategy!r}")
         # 80/10/10, decided per token (also inside whole words and spans)
-        act = (h >> _ACT_SHIFT) & ((1 << _ACT_BITS) - 1)
+        act = (h >> mp.ACT_SHIFT) & ((1 << mp.ACT_BITS) - 1)
         to_mask = sel & (act < self._act_mask)
         to_rand = sel & (act < self._act_rand) & ~to_mask
         allowed = self._const("allowed", dev)
-        rid = torch.take(allowed, ((h & ((1 << _RID_BITS) - 1)) * allowed.numel()) >> _RID_BITS)
-        out = _blend(ids, to_mask, self.mask_id)
-        out = _blend(out, to_rand, rid)
-        labels = _blend(ids, ~sel, IGNORE_INDEX)
+        rid = torch.take(allowed, ((h & ((1 << mp.RID_BITS) - 1)) * allowed.numel()) >> mp.RID_BITS)
+        out = mp.blend(ids, to_mask, self.mask_id)
+        out = mp.blend(out, to_rand, rid)
+        labels = mp.blend(ids, ~sel, IGNORE_INDEX)
         return MaskedBatch(out, labels, sel, p)
 
     def state_dict(self) -> dict:

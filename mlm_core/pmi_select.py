@@ -26,15 +26,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mlm_core.mask_primitives import GOLDEN as _GOLDEN
-from mlm_core.mask_primitives import SEL_BITS as _SEL_BITS
-from mlm_core.mask_primitives import i64 as _i64
-from mlm_core.mask_primitives import mix as _mix
-from mlm_core.mask_primitives import shr as _shr
-from mlm_core.mask_primitives import units as _units
+from mlm_core import mask_primitives as mp
 
-_WORD_STREAM = _i64(0xA0761D6478BD642F)   # offsets a token's position in its word (wyhash constant)
-_PRIORITY = _i64(0xE7037ED1A0B428DB)      # re-mix constant of the overlap priority (wyhash)
+_WORD_STREAM = mp.i64(0xA0761D6478BD642F)   # offsets a token's position in its word (wyhash constant)
+_PRIORITY = mp.i64(0xE7037ED1A0B428DB)      # re-mix constant of the overlap priority (wyhash)
 ROUNDS = 3                                # local-maximum rounds among same-length overlapping occurrences
 
 
@@ -53,10 +48,10 @@ def unit_hashes(ids, cand, uidx, start) -> tuple[torch.Tensor, torch.Tensor, tor
     b, t = ids.shape
     ar = torch.arange(t, device=ids.device).expand(b, t)
     first = torch.cummax(ar * start, dim=1).values            # position of the unit's first token
-    th = _mix(ids * _GOLDEN + (ar - first + 1) * _WORD_STREAM)
+    th = mp.mix(ids * mp.GOLDEN + (ar - first + 1) * _WORD_STREAM)
     w = torch.zeros(b, t, dtype=torch.int64, device=ids.device).scatter_add_(1, uidx, th * cand)
     tok = torch.zeros(b, t, dtype=torch.int64, device=ids.device).scatter_add_(1, uidx, cand.to(torch.int64))
-    return _mix(w), tok > 0, tok
+    return mp.mix(w), tok > 0, tok
 
 
 def chain(w: torch.Tensor, valid: torch.Tensor, max_n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -64,7 +59,7 @@ def chain(w: torch.Tensor, valid: torch.Tensor, max_n: int) -> dict[int, tuple[t
     out = {1: (w, valid)}
     h, v = w, valid
     for m in range(2, max_n + 1):
-        h = _mix(h * _GOLDEN + _shift_left(w, m - 1, 0))
+        h = mp.mix(h * mp.GOLDEN + _shift_left(w, m - 1, 0))
         v = v & _shift_left(valid, m - 1, False)
         out[m] = (h, v)
     return out
@@ -72,7 +67,7 @@ def chain(w: torch.Tensor, valid: torch.Tensor, max_n: int) -> dict[int, tuple[t
 
 def ngram_hashes(ids, cand, word_start, max_n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """``chain`` over the word units of a batch (what ``mlm_core.pmi.hash_phrases`` stores)."""
-    uidx, start = _units(cand, word_start)
+    uidx, start = mp.units(cand, word_start)
     w, valid, _ = unit_hashes(ids.to(torch.int64), cand, uidx, start)
     return chain(w, valid, max_n)
 
@@ -84,7 +79,7 @@ def prefilter(table: dict[int, torch.Tensor]) -> torch.Tensor:
     """Bool [2**PREFILTER_BITS]: True at the top PREFILTER_BITS bits of every hash of every table."""
     bits = torch.zeros(1 << PREFILTER_BITS, dtype=torch.bool)
     for h in table.values():
-        bits[_shr(h.cpu(), 64 - PREFILTER_BITS)] = True
+        bits[mp.shr(h.cpu(), 64 - PREFILTER_BITS)] = True
     return bits
 
 
@@ -97,7 +92,7 @@ def _member(h: torch.Tensor, table: torch.Tensor, bits: torch.Tensor | None = No
     if bits is None:
         return table[torch.searchsorted(table, h).clamp_(max=table.numel() - 1)] == h
     flat = h.reshape(-1)
-    maybe = torch.take(bits, _shr(flat, 64 - PREFILTER_BITS)).nonzero().squeeze(1)    # 1-D indexing is the fast path
+    maybe = torch.take(bits, mp.shr(flat, 64 - PREFILTER_BITS)).nonzero().squeeze(1)    # 1-D indexing is the fast path
     sub = flat[maybe]
     out = torch.zeros(flat.shape, dtype=torch.bool, device=h.device)
     out[maybe] = table[torch.searchsorted(table, sub).clamp_(max=table.numel() - 1)] == sub
@@ -142,16 +137,16 @@ def take_occurrences(table: dict[int, torch.Tensor], grams, pr: torch.Tensor, bi
 def select_pmi(ids, cand, word_start, h, p: float, table: dict[int, torch.Tensor],
                bits: torch.Tensor | None = None) -> torch.Tensor:
     """Selected tokens [B, T] (module docstring). ``h``: the Masker's 64-bit per-position hashes (the top
-    ``_SEL_BITS`` are the selection key, as for whole words)."""
+    ``mp.SEL_BITS`` are the selection key, as for whole words)."""
     b, t = ids.shape
-    uidx, start = _units(cand, word_start)
+    uidx, start = mp.units(cand, word_start)
     w, valid, tok = unit_hashes(ids, cand, uidx, start)
     grams = chain(w, valid, max(table, default=1))
     zeros = torch.zeros(b, t, dtype=torch.int64, device=ids.device)
-    ukey = zeros.scatter_add(1, uidx, _shr(h, 64 - _SEL_BITS) * start)
+    ukey = zeros.scatter_add(1, uidx, mp.shr(h, 64 - mp.SEL_BITS) * start)
     # priority among overlapping occurrences: 40 bits of a re-mixed hash, NOT the selection key (the winners
     # of a priority contest would otherwise carry high keys and be selected less than p), then the position
-    upr = zeros.scatter_add(1, uidx, _shr(_mix(h ^ _PRIORITY), 24) * start)
+    upr = zeros.scatter_add(1, uidx, mp.shr(mp.mix(h ^ _PRIORITY), 24) * start)
     pr = upr * (t + 1) + torch.arange(t, device=ids.device)
     covered, occ = take_occurrences(table, grams, pr, bits)
     n = cand.sum(1).to(torch.float64)
@@ -159,7 +154,7 @@ def select_pmi(ids, cand, word_start, h, p: float, table: dict[int, torch.Tensor
     budget = p * n
     q_occ = (budget / c.clamp(min=1)).clamp(max=1.0)
     q_word = ((budget - c) / (n - c).clamp(min=1)).clamp(0.0, 1.0)
-    scale = float(1 << _SEL_BITS)
+    scale = float(1 << mp.SEL_BITS)
     thr_occ = (q_occ * scale).round().to(torch.int64)[:, None]
     thr_word = (q_word * scale).round().to(torch.int64)[:, None]
     occ_key = ukey.gather(1, occ.clamp(min=0))
