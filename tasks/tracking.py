@@ -43,8 +43,8 @@ from tasks.tracking_registry import (get_alias_version, list_registered_models, 
 from tasks.tracking_stream import (MetricsStream, _first_line, _undelivered, delivery_report,  # noqa: F401
                                    reset_delivery_report, unreachable)
 from tasks.tracking_values import (MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, RUN_STATUSES,  # noqa: F401
-                                   _chunks, _dataset_input, _ms, _numeric_metrics, _status, _system_tags,
-                                   _tag_values, flatten_params, history_points)
+                                   _chunks, _ms, _numeric_metrics, _status, _system_tags,
+                                   _tag_values, flatten_params, history_points, log_lineage)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -91,27 +91,6 @@ def _client(uri: str):
 
 
 # --------------------------------------------------------------------------------------- tracker
-def log_inputs_racing(client, run_id: str, datasets: list, attempts: int = 4) -> None:
-    """``client.log_inputs`` that survives another process registering the same dataset at the same moment.
-
-    MLflow's SQL store looks a dataset up by (experiment, name, digest) and inserts it when absent, in one
-    transaction; two runs of a sweep logging the same shards at once can both miss it, and the second insert
-    fails on the UNIQUE constraint (``sqlite3.IntegrityError`` ... ``datasets.experiment_id, datasets.name,
-    datasets.digest``; seen failing a sweep child run in CI). The failed transaction is rolled back whole, and
-    on a retry the lookup finds the row the other process wrote."""
-    import time as _time
-
-    from mlflow.exceptions import MlflowException
-    for attempt in range(attempts):
-        try:
-            client.log_inputs(run_id, datasets=datasets)
-            return
-        except MlflowException as exc:
-            if attempt + 1 >= attempts or "UNIQUE constraint failed" not in str(exc):
-                raise
-            _time.sleep(0.1 * (attempt + 1))
-
-
 class Tracker:
     """One parent run per pipeline run, one nested run per stage.
 
@@ -409,7 +388,7 @@ class Tracker:
                 else:
                     raise TrackingError(f"log_stage({stage}): artifact {p} does not exist")
             if inputs:
-                log_inputs_racing(self.client, run_id, [_dataset_input(s) for s in inputs])
+                log_lineage(self.client, run_id, inputs)
         except BaseException as exc:
             if not (isinstance(exc, Exception) and unreachable(exc)):
                 self.client.set_terminated(run_id, status="FAILED")

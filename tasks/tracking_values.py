@@ -1,6 +1,7 @@
 """Values for MLflow: config dicts -> params, manifests -> metrics, tags, lineage records; MLflow's limits.
 
-In: plain Python values. Out: what ``MlflowClient.log_batch`` / ``log_inputs`` accept, cut to MLflow's
+In: plain Python values. Out: what ``MlflowClient.log_batch`` / ``log_inputs`` accept (``log_lineage`` sends the
+lineage records, retrying MLflow's dataset-insert race), cut to MLflow's
 limits, with secrets redacted (a tracking URI with credentials or a secret ``--set`` override would
 otherwise be stored as a param in clear). Split from ``tasks.tracking`` (which changes when the
 tracking protocol does; this changes when MLflow's limits or our value formats do).
@@ -65,7 +66,33 @@ def _chunks(items: list, n: int):
         yield items[i:i + n]
 
 
-def _dataset_input(spec: dict):
+def log_inputs_racing(client, run_id: str, datasets: list, attempts: int = 4) -> None:
+    """``client.log_inputs`` that survives another process registering the same dataset at the same moment.
+
+    MLflow's SQL store looks a dataset up by (experiment, name, digest) and inserts it when absent, in one
+    transaction; two runs of a sweep logging the same shards at once can both miss it, and the second insert
+    fails on the UNIQUE constraint (``sqlite3.IntegrityError`` ... ``datasets.experiment_id, datasets.name,
+    datasets.digest``; seen failing a sweep child run in CI). The failed transaction is rolled back whole, and
+    on a retry the lookup finds the row the other process wrote."""
+    import time as _time
+
+    from mlflow.exceptions import MlflowException
+    for attempt in range(attempts):
+        try:
+            client.log_inputs(run_id, datasets=datasets)
+            return
+        except MlflowException as exc:
+            if attempt + 1 >= attempts or "UNIQUE constraint failed" not in str(exc):
+                raise
+            _time.sleep(0.1 * (attempt + 1))
+
+
+def log_lineage(client, run_id: str, specs: list[dict]) -> None:
+    """The run's lineage records (``dataset_input`` each), logged with ``log_inputs_racing``."""
+    log_inputs_racing(client, run_id, [dataset_input(s) for s in specs])
+
+
+def dataset_input(spec: dict):
     """A lineage record that never loads the data: ``MetaDataset`` over a path/URI + a digest."""
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.data.sources import LocalArtifactDatasetSource
