@@ -198,3 +198,19 @@ def postgres():
     """A PostgreSQL server for the module; yields the ``--db`` URL. Always stopped and removed."""
     with pg_server() as pg:
         yield pg.url
+
+
+def wait_for_ping(proc, port: int, log: Path, timeout: float = 180) -> None:
+    """Wait until ``mlflow models serve`` (process ``proc``, logging to ``log``) answers /ping on ``port``."""
+    import time
+    import urllib.request
+    deadline = time.time() + timeout
+    while True:
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        try:
+            if urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2).status == 200:
+                return
+        except OSError:
+            pass
+        assert time.time() < deadline, f"mlflow models serve did not answer /ping within {timeout:.0f} s"
+        time.sleep(1)

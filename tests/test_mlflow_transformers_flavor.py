@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -29,7 +28,9 @@ torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))
 
+from conftest import wait_for_ping  # noqa: E402
 from test_export import wordpiece  # noqa: E402
+from test_export_families import _spread  # noqa: E402 - weights far from the init: top-1 is no near-tie
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FAMILIES = ("bert", "roformer", "modernbert", "electra")
@@ -44,16 +45,6 @@ BLOCK = textwrap.dedent("""\
             return None
     sys.meta_path.insert(0, _Block())
     """)
-
-
-def _spread(model) -> None:
-    """Weights far beyond the 0.02 init, so the top-1 token is not a near-tie."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.copy_(p + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.3)
 
 
 def _export(family: str, out: Path) -> Path:
@@ -292,16 +283,7 @@ def test_mlflow_models_serve_without_the_project_fills_masks_and_answers_400(reg
                              "-w", "1"], cwd=tmp_path, env=_env(root, uri), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
-        deadline = time.time() + 180
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text(errors="replace")[-3000:]
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            assert time.time() < deadline, "mlflow models serve did not answer /ping within 180 s"
-            time.sleep(1)
+        wait_for_ping(proc, port, tmp_path / "serve.log")
         text = TEXT.format(m=mask)
         status, body = _post(port, {"inputs": [text], "params": {"top_k": 2}})
         assert status == 200, body

@@ -13,13 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import types
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from conftest import wait_for_ping
 from test_register import pipeline_out  # noqa: F401 - the module-scoped pipeline run, reused as a fixture
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -127,16 +127,7 @@ def test_mlflow_models_serve_answers_an_invocation(registered, tmp_path):
                             cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     text = f"The quick brown {_mask(arts)} jumps."
     try:
-        deadline = time.time() + 180
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text(errors="replace")[-3000:]
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            assert time.time() < deadline, "mlflow models serve did not answer /ping within 180 s"
-            time.sleep(1)
+        wait_for_ping(proc, port, tmp_path / "serve.log")
         body = json.dumps({"inputs": [text], "params": {"top_k": 2}}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
                                      headers={"Content-Type": "application/json"})
