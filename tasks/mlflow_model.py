@@ -103,13 +103,13 @@ def log_and_register(pretrain_dir: Path, run_id: str, name: str, tags: dict, des
 def _register(client, name: str, model_uri: str, model_id: str, run_id: str, tags: dict, description: str) -> int:
     from mlflow.exceptions import MlflowException
 
-    from tasks.tracking_values import _tag_values
+    from tasks.tracking_values import tag_values
     try:
         client.create_registered_model(name)
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    mv = client.create_model_version(name, source=model_uri, run_id=run_id, tags=_tag_values(tags) or None,
+    mv = client.create_model_version(name, source=model_uri, run_id=run_id, tags=tag_values(tags) or None,
                                      description=description, model_id=model_id)
     return int(mv.version)
 

@@ -43,8 +43,8 @@ from tasks.tracking_registry import (get_alias_version, list_registered_models, 
 from tasks.tracking_stream import (MetricsStream, _first_line, _undelivered, delivery_report,  # noqa: F401
                                    reset_delivery_report, unreachable)
 from tasks.tracking_values import (MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, RUN_STATUSES,  # noqa: F401
-                                   _chunks, _ms, _numeric_metrics, _status, _system_tags,
-                                   _tag_values, flatten_params, history_points, log_lineage)
+                                   chunks, _ms, _numeric_metrics, _status, _system_tags,
+                                   tag_values, flatten_params, history_points, log_lineage)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -216,11 +216,11 @@ class Tracker:
         from mlflow.entities import Metric, Param, RunTag
 
         ts = int(time.time() * 1000)
-        for chunk in _chunks([Param(k, v) for k, v in (params or {}).items()], MAX_PARAMS_TAGS_PER_BATCH):
+        for chunk in chunks([Param(k, v) for k, v in (params or {}).items()], MAX_PARAMS_TAGS_PER_BATCH):
             self.client.log_batch(run_id, params=chunk)
-        for chunk in _chunks([RunTag(k, v) for k, v in (tags or {}).items()], MAX_PARAMS_TAGS_PER_BATCH):
+        for chunk in chunks([RunTag(k, v) for k, v in (tags or {}).items()], MAX_PARAMS_TAGS_PER_BATCH):
             self.client.log_batch(run_id, tags=chunk)
-        for chunk in _chunks([Metric(k, v, ts, int(step)) for k, v in (metrics or {}).items()], MAX_METRICS_PER_BATCH):
+        for chunk in chunks([Metric(k, v, ts, int(step)) for k, v in (metrics or {}).items()], MAX_METRICS_PER_BATCH):
             self.client.log_batch(run_id, metrics=chunk)
 
     def start_stage(self, stage: str, fingerprint: str, started: float | None = None) -> str | None:
@@ -271,7 +271,7 @@ class Tracker:
 
     def _history(self, run_id: str, records: list[dict], step_key: str = "step") -> int:
         points = history_points(records, step_key, int(time.time() * 1000))
-        for chunk in _chunks(points, MAX_METRICS_PER_BATCH):
+        for chunk in chunks(points, MAX_METRICS_PER_BATCH):
             self.client.log_batch(run_id, metrics=chunk)
         return len(points)
 
@@ -300,7 +300,7 @@ class Tracker:
             log.warning("start_pipeline: a parent run (%s) is already set; starting a new one", self._parent)
 
         def start() -> str:
-            run_id = self._create_run(run_name, _tag_values(tags), parent=parent)
+            run_id = self._create_run(run_name, tag_values(tags), parent=parent)
             self._log_batch(run_id, params=flatten_params(params))
             return run_id
 
@@ -361,7 +361,7 @@ class Tracker:
     def _log_stage(self, stage, fingerprint, cache_hit, params, metrics, artifacts, artifact_dir, dicts, tables,
                    inputs, tags, status, run_id, started=None, ended=None, step=0) -> str:
         parent = self._parent or _active_run_id()
-        all_tags = {**_tag_values(tags), "stage": stage, "fingerprint": str(fingerprint),
+        all_tags = {**tag_values(tags), "stage": stage, "fingerprint": str(fingerprint),
                     "cache": "hit" if cache_hit else "miss"}
         if cache_hit:   # a short run is right: the stored output was reused, not recomputed
             all_tags["mlm.duration"] = "cache hit: the run spans the reuse (check, re-validation), not a computation"
@@ -400,7 +400,7 @@ class Tracker:
         """Tag a run after the fact (e.g. ``validation=failed``)."""
         if not self.enabled or not run_id or not tags:
             return None
-        self._guard("tagging a run", self._log_batch, run_id, tags=_tag_values(tags))
+        self._guard("tagging a run", self._log_batch, run_id, tags=tag_values(tags))
         return None
 
     def log_text(self, run_id: str | None, text: str, artifact_file: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tasks.tracking_values import _tag_values
+from tasks.tracking_values import tag_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from tasks.tracking import Tracker
@@ -35,7 +35,7 @@ def register_version(tracker_or_uri: "Tracker | str", name: str, run_id: str, ar
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
     mv = c.create_model_version(name, source=f"runs:/{run_id}/{artifact_path.strip('/')}", run_id=run_id,
-                                tags=_tag_values(tags) or None, description=description)
+                                tags=tag_values(tags) or None, description=description)
     return int(mv.version)
 
 
@@ -59,7 +59,7 @@ def get_alias_version(uri: "Tracker | str", name: str, alias: str) -> int | None
 
 def tag_version(uri: "Tracker | str", name: str, version: int, tags: dict) -> None:
     c = _client(_uri_of(uri))
-    for k, v in _tag_values(tags).items():
+    for k, v in tag_values(tags).items():
         c.set_model_version_tag(name, str(version), k, v)
 
 

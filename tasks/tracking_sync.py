@@ -82,25 +82,24 @@ class _Replay:
         from mlflow.entities import Metric, Param, RunTag
 
         from tasks import publish
-        from tasks.tracking import _chunks, history_points
-        from tasks.tracking_values import (MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, _tag_values,
-                                           flatten_params)
+        from tasks.tracking_values import (MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, chunks,
+                                           flatten_params, history_points, tag_values)
         run = self.c.get_run(run_id)
         have_params, have_tags, have_metrics = run.data.params, run.data.tags, run.data.metrics
         params = [Param(k, v) for k, v in flatten_params(_stage_params(art)).items() if k not in have_params]
         want_tags = {"validation": "passed",     # a complete output passed its data contract when it was written
-                     **_tag_values(publish.run_tags(name, art))}
+                     **tag_values(publish.run_tags(name, art))}
         tags = [RunTag(k, v) for k, v in want_tags.items() if k not in have_tags]
         if params or tags:
             tags.append(RunTag("synced", "true"))
         ts, step = int(time.time() * 1000), int(art.manifest.get("steps") or 0)
         final = publish.flat_metrics(art.manifest)
         metrics = [Metric(k, float(v), ts, step) for k, v in final.items() if k not in have_metrics]
-        for chunk in _chunks(params, MAX_PARAMS_TAGS_PER_BATCH):
+        for chunk in chunks(params, MAX_PARAMS_TAGS_PER_BATCH):
             self.c.log_batch(run_id, params=chunk)
-        for chunk in _chunks(tags, MAX_PARAMS_TAGS_PER_BATCH):
+        for chunk in chunks(tags, MAX_PARAMS_TAGS_PER_BATCH):
             self.c.log_batch(run_id, tags=chunk)
-        for chunk in _chunks(metrics, MAX_METRICS_PER_BATCH):
+        for chunk in chunks(metrics, MAX_METRICS_PER_BATCH):
             self.c.log_batch(run_id, metrics=chunk)
         self.report["params"] += len(params)
         self.report["tags"] += len([t for t in tags if t.key != "synced"])
@@ -117,7 +116,7 @@ class _Replay:
                     n += 1
             self.report["artifacts"] += n
         points = _missing_points(self.c, run_id, history_points(_records(art.path / "metrics.jsonl"), ts=ts))
-        for chunk in _chunks(points, MAX_METRICS_PER_BATCH):
+        for chunk in chunks(points, MAX_METRICS_PER_BATCH):
             self.c.log_batch(run_id, metrics=chunk)
         self.report["points"] += len(points)
 

@@ -57,11 +57,11 @@ def _numeric_metrics(metrics: dict) -> dict[str, float]:
     return out
 
 
-def _tag_values(tags: dict | None) -> dict[str, str]:
+def tag_values(tags: dict | None) -> dict[str, str]:
     return {_key(str(k)): _cut(redact(v), MAX_TAG_VALUE) for k, v in (tags or {}).items()}
 
 
-def _chunks(items: list, n: int):
+def chunks(items: list, n: int):
     for i in range(0, len(items), n):
         yield items[i:i + n]
 
