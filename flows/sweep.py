@@ -64,7 +64,8 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
     from tasks.sweep import SweepTracker
     cfg = sweep.config
     tracker = SweepTracker(sweep, params={"sweep_file": sweep_path, "base": str(sweep.base_path), "runs": len(sp.runs),
-                                          "variants": ",".join(sweep.variant_names), "seeds": cfg.seeds,
+                                          "variants": ",".join(sweep.variant_names),
+                                          "seeds": sorted({r.seed for r in sweep.runs}),
                                           "baseline": cfg.baseline, "match": cfg.match, "metrics": cfg.metrics,
                                           "concurrency": cfg.concurrency, "overrides": overrides},
                            previous_run_id=(read_plan(sweep) or {}).get("mlflow_run_id"))

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mlm_core.configio import (ConfigError, LoadedConfig, format_validation_error, load_config, model_json_schema,
                                 schema_json_text)
@@ -74,6 +74,16 @@ class Variant(_Model):
     name: str = Field(pattern=NAME_PATTERN, description="Variant name (letters, digits, _ . + -), unique in the sweep.")
     set: dict[str, Any] = Field(default_factory=dict, description="Overrides {key.path: value}, e.g. "
                                 "{pretrain.masking.rate: 0.4}; validated against the base config.")
+    seeds: list[int] | None = Field(default=None, min_length=1, description="This variant's seeds (default: the "
+                                    "sweep's `seeds`): e.g. 6 seeds for the variants of a primary contrast, 3 for "
+                                    "the exploratory ones. Paired differences use the seeds both variants ran.")
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, seeds: list[int] | None) -> list[int] | None:
+        if seeds is not None and len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds must be distinct (got {seeds})")
+        return seeds
 
 
 class Contrast(_Model):
@@ -192,13 +202,21 @@ def expand(cfg: SweepConfig) -> list[tuple[str, dict]]:
     """``[(variant name, {key.path: value})]`` in declaration order: named variants x grid points."""
     keys = list(cfg.grid)
     points = [dict(zip(keys, combo)) for combo in itertools.product(*(cfg.grid[k] for k in keys))] if keys else []
-    named = [(v.name, dict(v.set)) for v in cfg.variants]
+    named = [(v.name, dict(v.set)) for v in cfg.variants]     # a variant's own seeds: variant_seeds()
     if not points:
         return named
     grid = [(",".join(f"{k}={_label(v)}" for k, v in p.items()), p) for p in points]
     if not named:
         return grid
     return [(f"{n},{g}", {**s, **p}) for n, s in named for g, p in grid]
+
+
+def variant_seeds(cfg: SweepConfig, name: str) -> list[int]:
+    """The seeds variant ``name`` runs at (an expanded name: a named variant crossed with a grid point)."""
+    for v in cfg.variants:
+        if v.seeds is not None and (name == v.name or name.startswith(v.name + ",")):
+            return list(v.seeds)
+    return list(cfg.seeds)
 
 
 def read_sweep_config(path: str | Path) -> SweepConfig:
@@ -285,7 +303,7 @@ def load_sweep(path: str | Path, concurrency: int | None = None, overrides: list
         if name in steps:
             words.append(f"pretrain.steps={steps[name]}")
         runs.extend(SweepRun(name, seed, tuple(words + [f"{SEED_KEY}={seed}"]), dict(settings))
-                    for seed in cfg.seeds)
+                    for seed in variant_seeds(cfg, name))
     return Sweep(cfg, path, base_path, base, tuple(runs), steps, overrides)
 
 
@@ -323,4 +341,4 @@ def sweep_schema_text() -> str:
 
 __all__ = ["SweepConfig", "Variant", "Contrast", "Primary", "Sweep", "SweepRun", "SweepError", "load_sweep",
            "read_sweep_config",
-           "expand", "override_word", "model_name_for", "sweep_json_schema", "sweep_schema_text"]
+           "expand", "variant_seeds", "override_word", "model_name_for", "sweep_json_schema", "sweep_schema_text"]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from mlm_core import stages
 from mlm_core.store import StageStore
-from mlm_core.sweep import Sweep, SweepRun
+from mlm_core.sweep import Sweep, SweepRun, variant_seeds
 
 PLAN_FILE = "plan.json"
 
@@ -88,7 +88,11 @@ def stage_line(row: dict) -> str:
 def table_lines(sp: SweepPlan) -> list[str]:
     """The dry-run table: the stages shared and to run, then one line per run."""
     cfg = sp.sweep.config
-    lines = [f"sweep {cfg.name}: {len(sp.sweep.variant_names)} variant(s) x {len(cfg.seeds)} seed(s) = "
+    per_variant = any(v.seeds is not None for v in cfg.variants)
+    seeds = (f"{len(cfg.seeds)} seed(s)" if not per_variant else
+             "seeds per variant (" + ", ".join(f"{n} {len(variant_seeds(cfg, n))}" for n in sp.sweep.variant_names)
+             + ")")
+    lines = [f"sweep {cfg.name}: {len(sp.sweep.variant_names)} variant(s) x {seeds} = "
              f"{len(sp.runs)} run(s) on {sp.sweep.base_path.name}; concurrency {cfg.concurrency}"
              + (f"; steps matched ({cfg.match}) to {cfg.baseline or sp.sweep.variant_names[0]}"
                 if cfg.match != "none" else ""), ""]

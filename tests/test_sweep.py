@@ -125,6 +125,21 @@ def test_runs_are_variants_crossed_with_grid_and_seeds(tmp_path):
     assert cfg.registry.model_name == "sweeptest-model-sweep-s"      # the base model's aliases stay its own
 
 
+def test_a_variant_may_run_its_own_seeds(tmp_path, capsys):
+    """Issue 21: 6 seeds for the variants of a primary contrast, 3 for the exploratory ones, in one sweep file."""
+    from flows.cli import main
+    f = _sweep(tmp_path, {"variants": [{"name": "a", "seeds": [0, 1, 2, 3]}, {"name": "b", "set": {"pretrain.lr": 1e-3}}],
+                          "seeds": [0, 1]})
+    sw = load_sweep(f)
+    assert [(r.variant, r.seed) for r in sw.runs] == [("a", 0), ("a", 1), ("a", 2), ("a", 3), ("b", 0), ("b", 1)]
+    assert main(["sweep", str(f), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "2 variant(s) x seeds per variant (a 4, b 2) = 6 run(s)" in out, out
+    assert "pretrain   6 outputs for 6 runs: 0 done, 6 to run" in out, out
+    with pytest.raises(SweepError, match=r"variants\.0\.seeds.*seeds must be distinct"):
+        load_sweep(_sweep(tmp_path, {"variants": [{"name": "a", "seeds": [1, 1]}]}))
+
+
 def test_schema_file_in_sync():
     path = REPO / "schemas" / "sweep.schema.json"
     assert path.read_text(encoding="utf-8") == sweep_schema_text(), (
@@ -135,8 +150,9 @@ def test_schema_file_in_sync():
 
 
 def test_shipped_sweeps_load():
-    files = sorted((REPO / "configs").rglob("sweeps/*.yaml"))
-    assert files
+    files = sorted((REPO / "configs").rglob("sweeps/*.yaml")) + sorted((REPO / "configs" / "experiments").glob("*.yaml"))
+    files = [f for f in files if not f.name.endswith("base.yaml")]
+    assert len(files) >= 9
     for f in files:
         load_sweep(f)
 
