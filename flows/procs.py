@@ -21,6 +21,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GRACE_S = 10.0                       # SIGTERM -> SIGKILL
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}   # hosts only this machine reaches
 
 
 class ServeError(Exception):
@@ -32,13 +33,13 @@ class ServeError(Exception):
 
 
 # ------------------------------------------------------------------------------------- plumbing
-def _client_host(host: str) -> str:
+def client_host(host: str) -> str:
     """Where a local client reaches a server bound to ``host``."""
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
 
-def _url(host: str, port: int) -> str:
-    h = _client_host(host)
+def server_url(host: str, port: int) -> str:
+    h = client_host(host)
     return f"http://[{h}]:{port}" if ":" in h else f"http://{h}:{port}"
 
 
@@ -63,7 +64,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def http_get(url: str, timeout: float = 2.0, auth: str | None = None) -> tuple[int, str]:
     """(status, body) of a GET; status 0 when nothing answers."""
-    req = urllib.request.Request(url, headers=_auth_header(auth))
+    req = urllib.request.Request(url, headers=auth_header(auth))
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (http only)
             return r.status, r.read().decode("utf-8", "replace")
@@ -74,7 +75,7 @@ def http_get(url: str, timeout: float = 2.0, auth: str | None = None) -> tuple[i
 
 
 def http_post_json(url: str, body: dict, timeout: float = 5.0, auth: str | None = None) -> tuple[int, object]:
-    headers = {"Content-Type": "application/json", **_auth_header(auth)}
+    headers = {"Content-Type": "application/json", **auth_header(auth)}
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310
@@ -85,7 +86,7 @@ def http_post_json(url: str, body: dict, timeout: float = 5.0, auth: str | None 
         return 0, None
 
 
-def _auth_header(auth: str | None) -> dict:
+def auth_header(auth: str | None) -> dict:
     if not auth:
         return {}
     return {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()}
@@ -117,7 +118,7 @@ class Child:
             return ""
 
 
-def _group_exists(pgid: int) -> bool:
+def group_exists(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
         return True
@@ -137,12 +138,12 @@ def stop_children(children: list[Child], grace: float = GRACE_S) -> None:
     for c in started:
         while time.monotonic() < deadline:
             c.proc.poll()  # reap the leader so a zombie does not keep its group "alive"
-            if not _group_exists(c.proc.pid):
+            if not group_exists(c.proc.pid):
                 break
             time.sleep(0.1)
     for c in started:
         c.proc.poll()
-        if _group_exists(c.proc.pid):
+        if group_exists(c.proc.pid):
             try:
                 os.killpg(c.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -153,7 +154,7 @@ def stop_children(children: list[Child], grace: float = GRACE_S) -> None:
             pass
 
 
-def _wait_until(what: str, check, children: list[Child], timeout: float) -> None:
+def wait_until(what: str, check, children: list[Child], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for c in children:

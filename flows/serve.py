@@ -40,16 +40,15 @@ from pathlib import Path
 
 # the generic process/HTTP plumbing lives in flows.procs; re-exported here for existing importers
 from flows.procs import (  # noqa: F401
-    GRACE_S, REPO_ROOT, Child, ServeError, _auth_header, _client_host, _group_exists, _url, _wait_until,
+    GRACE_S, LOOPBACK, REPO_ROOT, Child, ServeError, server_url, wait_until,
     free_port, http_get, http_post_json, port_free, stop_children,
 )
-from flows.serve_auth import AUTH_ENV, MIN_PASSWORD, _secret_key, read_credentials  # noqa: F401
+from flows.serve_auth import AUTH_ENV, MIN_PASSWORD, read_credentials, secret_key  # noqa: F401
+from flows.served import STATE_FILE  # noqa: F401  (where `mlm serve` records itself; flows.served reads it)
 
 POOL = "mlm-process"
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 WORKER_RESTART_S = 5.0                # a worker that exited is restarted after this delay, doubling each time ..
 WORKER_RESTART_MAX_S = 60.0           # .. up to this
-STATE_FILE = "serve.json"            # <workdir>/serve.json: URLs + child pids while serving
 
 QUIET_ENV = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
@@ -77,7 +76,7 @@ class Plan:
 
     @property
     def prefect_url(self) -> str:
-        return _url(self.host, self.prefect_port)
+        return server_url(self.host, self.prefect_port)
 
     @property
     def api_url(self) -> str:
@@ -85,7 +84,7 @@ class Plan:
 
     @property
     def mlflow_url(self) -> str:
-        return _url(self.host, self.mlflow_port)
+        return server_url(self.host, self.mlflow_port)
 
     @property
     def prefect_home(self) -> Path:
@@ -141,7 +140,7 @@ class Plan:
                            encoding="utf-8")
             env["MLFLOW_AUTH_CONFIG_PATH"] = str(ini)
             env["MLFLOW_AUTH_ADMIN_USERNAME"], env["MLFLOW_AUTH_ADMIN_PASSWORD"] = user, password
-            env.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", _secret_key(self.workdir / "mlflow-secret-key"))
+            env.setdefault("MLFLOW_FLASK_SERVER_SECRET_KEY", secret_key(self.workdir / "mlflow-secret-key"))
             cmd += ["--app-name", "basic-auth"]
         return Child("mlflow server", cmd, env, self.workdir / "logs" / "mlflow-server.log")
 
@@ -283,7 +282,7 @@ def serve(plan: Plan, timeout: float = 180.0, grace: float = GRACE_S) -> int:
         _write_state(state, plan, children)
         print(f"starting the Prefect server ({plan.prefect_url}) and the MLflow server ({plan.mlflow_url}) ...",
               flush=True)
-        _wait_until("the Prefect server answers", lambda: prefect_up(plan), servers, timeout)
+        wait_until("the Prefect server answers", lambda: prefect_up(plan), servers, timeout)
         try:
             _ensure_pool(plan)
         except Exception as exc:  # noqa: BLE001 (any API failure: report it, stop the servers)
@@ -294,8 +293,8 @@ def serve(plan: Plan, timeout: float = 180.0, grace: float = GRACE_S) -> int:
             children.append(worker)
         _write_state(state, plan, children)
         left = max(30.0, timeout - (time.monotonic() - t0))
-        _wait_until("the MLflow server answers", lambda: mlflow_up(plan), children, left)
-        _wait_until(f"the worker{'s' if plan.workers > 1 else ''} join pool {plan.pool}",
+        wait_until("the MLflow server answers", lambda: mlflow_up(plan), children, left)
+        wait_until(f"the worker{'s' if plan.workers > 1 else ''} join pool {plan.pool}",
                     lambda: set(plan.worker_names) <= set(workers_online(plan)),
                     children, max(30.0, timeout - (time.monotonic() - t0)))
         from flows.serve_banner import banner

@@ -34,7 +34,7 @@ def read_credentials(auth_file: str | None) -> str | None:
     return cred
 
 
-def _secret_key(path: Path) -> str:
+def secret_key(path: Path) -> str:
     """The CSRF key MLflow's basic-auth app requires: made once per workdir (0600), stable across restarts."""
     if not path.exists():
         import secrets

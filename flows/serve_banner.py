@@ -2,8 +2,8 @@
 and what to run next. Stdlib only."""
 from __future__ import annotations
 
-from flows.procs import _client_host
-from flows.serve import LOOPBACK, STATE_FILE
+from flows.procs import LOOPBACK, client_host
+from flows.served import STATE_FILE
 
 
 def banner(plan, seconds: float) -> str:
@@ -35,6 +35,6 @@ def banner(plan, seconds: float) -> str:
                      f"`mlflow ui --backend-store-uri sqlite:///{plan.workdir / 'mlflow-server.db'}` shows them.")
     if plan.host not in LOOPBACK:
         lines.append(f"Bound to {plan.host}: other machines use this host's address instead of "
-                     f"{_client_host(plan.host)} (MLflow may need --allowed-hosts, Prefect PREFECT_UI_API_URL).")
+                     f"{client_host(plan.host)} (MLflow may need --allowed-hosts, Prefect PREFECT_UI_API_URL).")
     lines.append("Ctrl-C stops everything.")
     return "\n".join(lines)

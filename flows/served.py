@@ -10,7 +10,9 @@ import json
 import os
 from pathlib import Path
 
-from flows.serve import STATE_FILE, http_get
+from flows.procs import http_get
+
+STATE_FILE = "serve.json"            # <workdir>/serve.json: URLs + child pids while `mlm serve` serves
 
 
 def read_state(workdir: Path) -> dict | None:

@@ -22,7 +22,8 @@ def load_model_dir(folder: Path):
     from tokenizers import Tokenizer
 
     from mlm_core.model.encoder import MLMEncoder
-    from mlm_core.model.export import load_export, load_weights, read_arch
+    from mlm_core.model.pretrained import load_export
+    from mlm_core.model.weights import load_weights, read_arch
     folder = Path(folder)
     if not (folder / "tokenizer.json").is_file():
         raise FillMaskError(f"{folder}: no tokenizer.json (expected a Hugging Face export or a pretrain output folder)")

@@ -40,7 +40,7 @@ def test_importing_every_core_module_loads_no_framework():
 def test_great_expectations_is_imported_in_one_module_only():
     users = sorted(str(p.relative_to(REPO)) for d in ("mlm_core", "tasks", "flows")
                    for p in (REPO / d).rglob("*.py") if "great_expectations" in _imports(p))
-    assert users == ["tasks/validation.py"]
+    assert users == ["tasks/validation/gx.py"]
 
 
 def test_config_modules_are_leaves():
@@ -59,3 +59,230 @@ def test_config_modules_are_leaves():
         if bad:
             offenders[p.name] = bad
     assert not offenders, offenders
+
+
+# ------------------------------------------------------------------------------ the import graph (issue 22, item 5)
+# Measured from the AST of every .py under mlm_core/, tasks/, flows/: module-level AND function-level imports of the
+# project's own modules, relative imports resolved. Three figures, each with its target:
+#   circles:            strongly connected components of size > 1 (at most MAX_CIRCLES);
+#   imports running up: an import from a lower declared layer to a higher one (0);
+#   private imports:    `from X import _name` or `X._name` where X is another project module (0).
+
+import functools  # noqa: E402
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+PACKAGES = ("mlm_core", "tasks", "flows")
+MAX_CIRCLES = 2
+
+# The layers, lowest first: a module may import its own layer and the layers below it, never one above.
+# A module matches the first pattern (a regex on the dotted name) that matches it. Top level: flows above tasks
+# above mlm_core; inside mlm_core: leaves < the store < stage packages < the stage graph < sweep/report/compare.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("core leaves", (
+        r"mlm_core$", r"mlm_core\.(errors|effects|languages|config|config_\w+|configio|redact|textcheck|sampling"
+        r"|figures|unigram|tensorfile|pathcheck|gates|progress|external|reproducible|commands)$",
+        r"mlm_core\.demo(\..*)?$")),
+    ("core store", (r"mlm_core\.(store|locks|partitions)$",)),
+    ("core stages", (
+        r"mlm_core\.(normalize|tokenizer|shards|masking|model|train|evaluate|audit"
+        r"|bias|register|modelcard|fillmask)(\..*)?$",)),
+    ("core stage graph", (r"mlm_core\.stages$",)),
+    ("core sweep/report", (r"mlm_core\.(sweep|sweep_plan|budget|report|compare|stats)(\..*)?$",)),
+    ("tasks", (r"tasks(\..*)?$",)),
+    ("flows", (r"flows(\..*)?$",)),
+)
+
+
+def layer_of(module: str, layers=LAYERS) -> int:
+    for rank, (_, patterns) in enumerate(layers):
+        if any(re.match(p, module) for p in patterns):
+            return rank
+    raise AssertionError(f"module {module} is in no declared layer: add it to LAYERS in tests/test_layering.py")
+
+
+def project_modules(root: Path, packages=PACKAGES) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py under the packages (a package's __init__.py is the package)."""
+    out = {}
+    for pkg in packages:
+        for p in sorted((root / pkg).rglob("*.py")):
+            parts = p.relative_to(root).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def _resolve_from(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _owner(name: str, modules) -> str | None:
+    """The longest prefix of a dotted name that is a project module."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        if ".".join(parts[:i]) in modules:
+            return ".".join(parts[:i])
+    return None
+
+
+def read_imports(root: Path, packages=PACKAGES):
+    """-> (modules, edges {module: {imported project module: line}}, private [(module, target, name, line)])."""
+    modules = project_modules(root, packages)
+    edges: dict[str, dict[str, int]] = {m: {} for m in modules}
+    private: list[tuple[str, str, str, int]] = []
+    for mod, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        is_pkg = path.name == "__init__.py"
+        aliases: dict[str, str] = {}  # a local name bound to a project module (for X._name attribute access)
+
+        def edge(target, line, mod=mod):
+            if target and target != mod:
+                edges[mod].setdefault(target, line)
+
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    target = _owner(a.name, modules)
+                    edge(target, node.lineno)
+                    if a.asname and a.name in modules:
+                        aliases[a.asname] = a.name
+                    elif not a.asname and a.name.split(".")[0] in modules:
+                        aliases[a.name.split(".")[0]] = a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve_from(node, mod, is_pkg)
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    if sub in modules:  # `from pkg import submodule`
+                        edge(sub, node.lineno)
+                        aliases[a.asname or a.name] = sub
+                        continue
+                    target = _owner(base, modules)
+                    edge(target, node.lineno)
+                    if target == base and target != mod and a.name.startswith("_") and not a.name.startswith("__"):
+                        private.append((mod, target, a.name, node.lineno))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                chain, v = [], node.value
+                while isinstance(v, ast.Attribute):
+                    chain.append(v.attr)
+                    v = v.value
+                if isinstance(v, ast.Name) and v.id in aliases:
+                    target = ".".join([aliases[v.id]] + chain[::-1])
+                    if target in modules and target != mod:
+                        private.append((mod, target, node.attr, node.lineno))
+    return modules, edges, sorted(set(private))
+
+
+def strongly_connected(edges: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative; -> the components of more than one module, each sorted, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    counter = 0
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in edges:
+                    continue
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(edges[w]))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+    return sorted(out)
+
+
+def describe_circles(circles, edges) -> str:
+    lines = []
+    for comp in circles:
+        lines.append(f"circle of {len(comp)}: " + ", ".join(comp))
+        members = set(comp)
+        lines += [f"  {a} -> {b} (line {edges[a][b]})" for a in comp for b in sorted(edges[a]) if b in members]
+    return "\n".join(lines)
+
+
+def imports_running_up(edges, layers=LAYERS) -> list[tuple[str, str, int]]:
+    return sorted((a, b, line) for a, targets in edges.items() for b, line in targets.items()
+                  if layer_of(a, layers) < layer_of(b, layers))
+
+
+def test_the_graph_reader_reports_a_known_circle_back_up_import_and_private_import(tmp_path):
+    """A tiny synthetic tree with one circle of three (one link a function-level relative import), one import from
+    a lower layer to a higher one, one `from X import _name` and one `X._name`: each is reported exactly."""
+    files = {
+        "low/__init__.py": "",
+        "low/a.py": "from low import b\n",
+        "low/b.py": "def f():\n    from .c import thing\n    return thing\n",
+        "low/c.py": "import low.a\nfrom high.top import helper\nthing = 1\n",
+        "low/leaf.py": "_secret = 1\nvalue = 2\n",
+        "high/__init__.py": "",
+        "high/top.py": "from low.leaf import _secret, value\nfrom low import leaf as L\n"
+                       "def helper():\n    return L._secret + L.value\n",
+        "high/clean.py": "import os\nfrom low.leaf import value\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    layers = (("low", (r"low(\..*)?$",)), ("high", (r"high(\..*)?$",)))
+    modules, edges, private = read_imports(tmp_path, ("low", "high"))
+    assert set(modules) == {"low", "low.a", "low.b", "low.c", "low.leaf", "high", "high.top", "high.clean"}
+    assert strongly_connected(edges) == [["low.a", "low.b", "low.c"]]
+    assert [(a, b) for a, b, _ in imports_running_up(edges, layers)] == [("low.c", "high.top")]
+    assert private == [("high.top", "low.leaf", "_secret", 1), ("high.top", "low.leaf", "_secret", 4)]
+    assert "low.b -> low.c (line 2)" in describe_circles(strongly_connected(edges), edges)
+
+
+@functools.lru_cache(maxsize=1)
+def repo_graph():
+    return read_imports(REPO)
+
+
+def test_at_most_two_import_circles():
+    _, edges, _ = repo_graph()
+    circles = strongly_connected(edges)
+    assert len(circles) <= MAX_CIRCLES, (
+        f"{len(circles)} import circles (target: at most {MAX_CIRCLES}):\n" + describe_circles(circles, edges))
+
+
+def test_no_import_runs_back_up_the_layers():
+    _, edges, _ = repo_graph()
+    up = imports_running_up(edges)
+    assert not up, f"{len(up)} imports from a lower layer to a higher one:\n" + "\n".join(
+        f"  {a} ({LAYERS[layer_of(a)][0]}) -> {b} ({LAYERS[layer_of(b)][0]}), line {line}" for a, b, line in up)
+
+
+def test_no_private_name_is_imported_across_modules():
+    _, _, private = repo_graph()
+    assert not private, f"{len(private)} imports of another module's _private name:\n" + "\n".join(
+        f"  {a} line {line}: {b}.{name}" for a, b, name, line in private)

@@ -362,7 +362,7 @@ def load_discriminator(model_dir: Path):
     if not f.is_file():
         return None
     from mlm_core.model.electra import Discriminator
-    from mlm_core.model.export import load_weights, read_arch
+    from mlm_core.model.weights import load_weights, read_arch
     disc = Discriminator(read_arch(f))
     load_weights(disc, f)
     return disc.eval()

@@ -9,7 +9,7 @@ tracks.
 - Stratified folds: each class's examples, shuffled with the seed, are dealt round-robin over the k folds,
   each class continuing where the previous one stopped, so every fold holds floor or ceil of n_c / k examples
   of class c (within 1 of its share) and fold sizes differ by at most 1.
-- Cross-validation (``finetune.cv``, ``classification_cv``): fold i is the test fold, fold i+1 (mod k) the held-out fold early stopping
+- Cross-validation (``finetune.cv``, ``transfer.classification_cv``): fold i is the test fold, fold i+1 (mod k) the held-out fold early stopping
   tracks the primary metric on, the other k-2 folds train. Reported per fold and as mean ± std (sample std,
   n-1) of accuracy and macro-F1, and the mean per-class F1.
 """
@@ -19,11 +19,6 @@ import logging
 import math
 import random
 from collections import Counter
-from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from mlm_core.config import FinetuneConfig, TransferTask
 
 log = logging.getLogger(__name__)
 
@@ -109,34 +104,4 @@ def cross_validate(examples: list, labels: list, k: int, seed: int, run_fold) ->
             "per_class_f1": {c: mean_std([r["per_class"].get(c, {}).get("f1", 0.0) for r in results]) for c in classes}}
 
 
-def classification_cv(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path, seed: int) -> dict:
-    """Stratified k-fold cross-validation of the sentence classifier on the source training file (``cross_validate``;
-    ``tok``: a plain tokenizer, ``transfer.plain_tokenizer``)."""
-    from mlm_core.evaluate.conll import read_labeled
-    from mlm_core.evaluate.finetune import Example, build_task_model, fit
-    from mlm_core.evaluate.transfer import encode_texts, max_len_of, predict_classes
-    L, pad = max_len_of(model), model.arch.pad_id
-    data = read_labeled(base_dir / task.train, task.source_lang)
-    if ft.max_train_examples is not None and len(data) > ft.max_train_examples:
-        data = random.Random(seed).sample(data, ft.max_train_examples)
-    labels = sorted({lab for _, lab in data})
-    label_id = {t: i for i, t in enumerate(labels)}
-    ids = encode_texts(tok, [t for t, _ in data], L)
-    examples = [Example(i, label_id[lab]) for i, (_, lab) in zip(ids, data)]
-
-    def run_fold(train, val, test, fold):
-        clf = build_task_model(model, len(labels), "mean", ft, seed + fold)
-        gold = lambda xs: [labels[e.labels] for e in xs]   # noqa: E731
-        val_ids = [e.ids for e in val]
-        res = fit(clf, train, lambda m: primary_score(ft.primary_metric, predict_classes(m, val_ids, labels, pad),
-                                                      gold(val)), ft, seed + fold, pad)
-        out = per_class_prf(predict_classes(clf, [e.ids for e in test], labels, pad), gold(test))
-        return {**out, "best_epoch": res.best_epoch, "validation_score": round(res.best_score, 5)}
-
-    cv = cross_validate(examples, [e.labels for e in examples], ft.cv_folds, seed, run_fold)
-    log.info("classification cv (k=%d, %d examples): accuracy %.4f ± %.4f, macro-F1 %.4f ± %.4f", ft.cv_folds,
-             len(examples), cv["accuracy"]["mean"], cv["accuracy"]["std"], cv["macro_f1"]["mean"], cv["macro_f1"]["std"])
-    return {"n": len(examples), "primary_metric": ft.primary_metric, **cv}
-
-
-__all__ = ["METRICS", "classification_cv", "cross_validate", "mean_std", "per_class_prf", "primary_score", "stratified_folds"]
+__all__ = ["METRICS", "cross_validate", "mean_std", "per_class_prf", "primary_score", "stratified_folds"]

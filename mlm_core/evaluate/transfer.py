@@ -16,7 +16,7 @@ relative to ``base_dir`` (the config file's folder), a seed. Out: ``run_transfer
 - Every target (both tasks) also reports macro-F1 and per-class (UPOS: per-tag) precision, recall and F1
   (``protocols.per_class_prf``); early stopping maximizes ``finetune.primary_metric`` (accuracy or macro_f1).
   With ``finetune.cv`` classification adds stratified k-fold cross-validation on the source file ("cv":
-  per fold and mean ± std; ``protocols.classification_cv``).
+  per fold and mean ± std; ``classification_cv``).
 - Per target: ``score``, ``source_score``, ``gap`` = source_score − score (``gates.transfer_gap``: positive = lost in transfer),
   ``majority_baseline`` (the most frequent source training label predicted everywhere, scored on
   the target) and ``unseen_labels`` (target gold labels never seen in the source training data: they
@@ -48,6 +48,7 @@ word windows), the source splits and the per-target report, is ``transfer_data``
 from __future__ import annotations
 
 import logging
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -59,7 +60,7 @@ from mlm_core.evaluate.control import attach, untrained_like
 from mlm_core.evaluate.finetune import (IGNORE, Example, attention_segments, build_task_model, collate, fit,
                                         intra_op_threads, mean_pool, weights_digest)
 from mlm_core.evaluate.predictions import split_rows
-from mlm_core.evaluate.protocols import primary_score
+from mlm_core.evaluate.protocols import cross_validate, per_class_prf, primary_score
 from mlm_core.evaluate.transfer_data import (  # noqa: F401  (re-exported: imported from here)
     VALIDATION_FRACTION, Window, accuracy, best_window, encode_texts, encode_words, finish_report, flat_windows,
     needs_source_test, plain_tokenizer, source_splits, target_report, window_counts, word_windows,
@@ -244,9 +245,35 @@ def run_classification(model, tok, task: TransferTask, ft: FinetuneConfig, base_
         attach(report, reported, HELD_OUT if held_out else task.source_lang, pred, classified(control), gold,
                {k: list(range(len(g))) for k, g in gold.items()}, seed)
     if ft.cv:
-        from mlm_core.evaluate.protocols import classification_cv
         report["cv"] = classification_cv(model, tok, task, ft, base_dir, seed)
     return report
+
+
+def classification_cv(model, tok, task: TransferTask, ft: FinetuneConfig, base_dir: Path, seed: int) -> dict:
+    """Stratified k-fold cross-validation of the sentence classifier on the source training file (``protocols.cross_validate``;
+    ``tok``: a plain tokenizer, ``plain_tokenizer``)."""
+    L, pad = max_len_of(model), model.arch.pad_id
+    data = read_labeled(base_dir / task.train, task.source_lang)
+    if ft.max_train_examples is not None and len(data) > ft.max_train_examples:
+        data = random.Random(seed).sample(data, ft.max_train_examples)
+    labels = sorted({lab for _, lab in data})
+    label_id = {t: i for i, t in enumerate(labels)}
+    ids = encode_texts(tok, [t for t, _ in data], L)
+    examples = [Example(i, label_id[lab]) for i, (_, lab) in zip(ids, data)]
+
+    def run_fold(train, val, test, fold):
+        clf = build_task_model(model, len(labels), "mean", ft, seed + fold)
+        gold = lambda xs: [labels[e.labels] for e in xs]   # noqa: E731
+        val_ids = [e.ids for e in val]
+        res = fit(clf, train, lambda m: primary_score(ft.primary_metric, predict_classes(m, val_ids, labels, pad),
+                                                      gold(val)), ft, seed + fold, pad)
+        out = per_class_prf(predict_classes(clf, [e.ids for e in test], labels, pad), gold(test))
+        return {**out, "best_epoch": res.best_epoch, "validation_score": round(res.best_score, 5)}
+
+    cv = cross_validate(examples, [e.labels for e in examples], ft.cv_folds, seed, run_fold)
+    log.info("classification cv (k=%d, %d examples): accuracy %.4f ± %.4f, macro-F1 %.4f ± %.4f", ft.cv_folds,
+             len(examples), cv["accuracy"]["mean"], cv["accuracy"]["std"], cv["macro_f1"]["mean"], cv["macro_f1"]["std"])
+    return {"n": len(examples), "primary_metric": ft.primary_metric, **cv}
 
 
 # ---- retrieval -------------------------------------------------------------------------------------
@@ -366,7 +393,7 @@ def run_transfer(model_dir: Path, cfg: EvaluateConfig, base_dir: Path, seed: int
     return out
 
 
-__all__ = ["accuracy", "best_window", "encode_texts", "encode_words", "layer_states", "plain_tokenizer", "predict_classes",
+__all__ = ["accuracy", "classification_cv", "best_window", "encode_texts", "encode_words", "layer_states", "plain_tokenizer", "predict_classes",
            "predict_tags", "resolve_layer", "retrieval_accuracy", "run_classification", "run_retrieval",
            "run_transfer", "run_upos", "sentence_vectors", "source_splits", "target_report", "Window", "window_counts",
            "word_windows"]

@@ -1,8 +1,9 @@
-"""Local (sliding-window) self-attention for ``pretrain.model.attention: local_global``.
+"""Attention masks: the global layers' segment mask (``segment_mask``) and local (sliding-window) self-attention
+for ``pretrain.model.attention: local_global``.
 
 In: q, k, v [B, nh, T, d] of one layer and a ``LocalMask`` (built once per forward from the segment ids and
 shared by every local layer). Out: the attention output [B, nh, T, d], equal to dense attention under the
-banded mask ``|i - j| <= window/2`` combined with the encoder's segment mask (``encoder.segment_mask``: a
+banded mask ``|i - j| <= window/2`` combined with the encoder's segment mask (``segment_mask``: a
 token sees only its own document, never padding; a padding query sees itself) to float rounding.
 
 Layer pattern: every ``global_every``-th layer (counted from 1: k, 2k, ...) stays global, the others are local
@@ -64,7 +65,7 @@ class LocalMask:
         k_pos = (torch.arange(nb, device=device)[:, None] - 1) * blk + torch.arange(3 * blk, device=device)[None, :]
         diff = k_pos[:, None, :] - q_pos[:, :, None]                              # [nb, blk, 3 blk]
         allowed = (diff.abs() <= half) & ((k_pos >= 0) & (k_pos < seq_len))[:, None, :]
-        if segment_ids is not None:       # encoder.segment_mask's rule: same document, key not padding
+        if segment_ids is not None:       # segment_mask's rule: same document, key not padding
             B = segment_ids.shape[0]
             segp = F.pad(segment_ids, (blk, nb * blk - seq_len + blk))           # padding keys: segment 0
             kseg = segp.unfold(1, 3 * blk, blk)                                   # [B, nb, 3 blk]
@@ -94,15 +95,26 @@ def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Loc
     return y.view(B, nb, nh, blk, d).permute(0, 2, 1, 3, 4).reshape(B, nh, nb * blk, d)[:, :, :T]
 
 
+def segment_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Boolean attention mask [B, 1, T, T] (True = may attend) from segment ids [B, T].
+
+    Segment 0 is padding, 1..k the documents packed into the row: a token sees only its own document
+    (block diagonal), never padding. Padded query rows see themselves so softmax has no empty row (NaN).
+    """
+    seg = segment_ids
+    allowed = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)
+    allowed = allowed | torch.eye(seg.shape[1], dtype=torch.bool, device=seg.device)
+    return allowed[:, None, :, :]
+
+
 def banded_mask(seq_len: int, window: int, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The dense equivalent (for tests and the benchmark's reference): [T, T] or, with segment ids,
-    [B, 1, T, T] = ``encoder.segment_mask`` & ``|i - j| <= window/2``."""
+    [B, 1, T, T] = ``segment_mask`` & ``|i - j| <= window/2``."""
     i = torch.arange(seq_len)
     band = (i[:, None] - i[None, :]).abs() <= window // 2
     if segment_ids is None:
         return band
-    from mlm_core.model.encoder import segment_mask
     return segment_mask(segment_ids) & band.to(segment_ids.device)
 
 
-__all__ = ["LocalMask", "local_attention", "global_layers", "banded_mask", "MIN_BLOCK"]
+__all__ = ["segment_mask", "LocalMask", "local_attention", "global_layers", "banded_mask", "MIN_BLOCK"]

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlm_core.model.attention import LocalMask, global_layers, local_attention
+from mlm_core.model.attention import LocalMask, global_layers, local_attention, segment_mask
 from mlm_core.model.positions import apply_rotary, rotary_cos_sin, sinusoidal_table
 from mlm_core.model.sizes import Arch
 
@@ -61,18 +61,6 @@ _ACTIVATIONS = {
 def activation_fn(name: str):
     """The elementwise function of transformers' ``hidden_act`` ``name`` (Arch.activation)."""
     return _ACTIVATIONS[name]
-
-
-def segment_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Boolean attention mask [B, 1, T, T] (True = may attend) from segment ids [B, T].
-
-    Segment 0 is padding, 1..k the documents packed into the row: a token sees only its own document
-    (block diagonal), never padding. Padded query rows see themselves so softmax has no empty row (NaN).
-    """
-    seg = segment_ids
-    allowed = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)
-    allowed = allowed | torch.eye(seg.shape[1], dtype=torch.bool, device=seg.device)
-    return allowed[:, None, :, :]
 
 
 class SelfAttention(nn.Module):

@@ -1,6 +1,6 @@
-"""Saving and loading weights (safetensors only) and the Hugging Face export.
+"""The Hugging Face export (our own safetensors weights file: ``weights``; reading a folder back: ``pretrained``).
 
-In: an ``MLMEncoder`` (+ the tokenizer.json and its special tokens). Out: a ``.safetensors`` file, or a
+In: an ``MLMEncoder`` (+ the tokenizer.json and its special tokens). Out: a
 folder that ``transformers.AutoModelForMaskedLM`` / ``AutoTokenizer.from_pretrained`` load as the model's
 family (``hf_layout.export_family``: ``BertForMaskedLM`` for this pipeline's own models, ``RoFormerForMaskedLM``
 for its rotary post-LN ones, ``ModernBertForMaskedLM`` for family modernbert, ``RobertaForMaskedLM`` /
@@ -20,47 +20,17 @@ import json
 import shutil
 from pathlib import Path
 
-from safetensors import safe_open
-from safetensors.torch import load_model, save_file
+from safetensors.torch import save_file
 
-from mlm_core.errors import MlmError
 from mlm_core.model.encoder import MLMEncoder
-from mlm_core.model.hf_layout import encoder_from_hf, encoder_to_hf, hf_config, mlm_from_hf, mlm_to_hf  # noqa: F401
+from mlm_core.model.hf_layout import (electra_config, encoder_from_hf, encoder_to_hf, hf_config,  # noqa: F401
+                                     mlm_from_hf, mlm_to_hf)
 from mlm_core.model.hf_modernbert import modernbert_config, modernbert_to_hf
+from mlm_core.model.pretrained import load_export  # noqa: F401 (its old path: reading back lives in pretrained)
 from mlm_core.model.sizes import Arch
-from mlm_core.tensorfile import save_module
+from mlm_core.model.weights import ExportError, load_weights, read_arch, save_weights  # noqa: F401 (their old path)
 
 SPECIAL_KEYS = ("pad", "unk", "cls", "sep", "mask")
-
-
-class ExportError(MlmError, ValueError):
-    """A model or folder that cannot be exported / loaded back faithfully."""
-
-
-# ---- our own weights ---------------------------------------------------------------------------------
-def save_weights(model: MLMEncoder, path: Path) -> None:
-    """Write the weights as safetensors (a tied tensor stored once); the Arch goes into the metadata."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # through mlm_core.tensorfile: safetensors orders a multi-key metadata header differently in every process
-    save_module(model, path, metadata={"format": "pt", "arch": json.dumps(model.arch.to_dict(), sort_keys=True)})
-
-
-def load_weights(model: MLMEncoder, path: Path) -> None:
-    """Load safetensors weights into ``model`` (strict: every tensor present, none left over)."""
-    try:
-        load_model(model, str(path), strict=True)
-    except RuntimeError as e:
-        raise ExportError(f"{path}: weights do not match the model: {e}") from e
-
-
-def read_arch(path: Path) -> Arch:
-    """The Arch stored in the metadata of a file written by ``save_weights``."""
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-    if "arch" not in meta:
-        raise ExportError(f"{path}: no architecture in the safetensors metadata (not written by save_weights)")
-    return Arch.from_dict(json.loads(meta["arch"]))
 
 
 # ---- Hugging Face layout ----------------------------------------------------------------------------
@@ -135,7 +105,6 @@ def export_hf(model: MLMEncoder, out_dir: Path, tokenizer_file: Path, special_to
         raise ExportError(f"pad token id {special_tokens['pad']['id']} differs from the model's pad_id {arch.pad_id}")
     ids = {k: v["id"] for k, v in special_tokens.items() if isinstance(v, dict) and "id" in v}
     if arch.family == "electra":
-        from mlm_core.model.export_electra import electra_config
         cfg, tensors = electra_config(arch, "generator"), mlm_to_hf(model)
     elif arch.modern:
         cfg, tensors = modernbert_config(arch, ids), modernbert_to_hf(model)
@@ -148,11 +117,3 @@ def export_hf(model: MLMEncoder, out_dir: Path, tokenizer_file: Path, special_to
     write_tokenizer_files(out_dir, Path(tokenizer_file), special_tokens, arch.max_positions)
     return out_dir
 
-
-def load_export(out_dir: Path) -> MLMEncoder:
-    """Read a transformers folder of any supported family (``export_hf`` / ``export_electra`` output, or a
-    checkpoint saved by transformers: config.json + model.safetensors [sharded]) into an MLMEncoder (eval
-    mode); an ``ElectraForPreTraining`` folder loads as a ``Discriminator``. PretrainedError (an ExportError)
-    for anything else."""
-    from mlm_core.model.pretrained import load_hf_model
-    return load_hf_model(Path(out_dir)).eval()

@@ -19,26 +19,13 @@ import torch
 from safetensors.torch import save_file
 
 from mlm_core.model.encoder import MLMEncoder
-from mlm_core.model.export import ExportError, check_exportable, write_tokenizer_files
-from mlm_core.model.hf_layout import arch_from_hf_config, disc_to_hf, hf_config, mlm_to_hf
+from mlm_core.model.export import check_exportable, write_tokenizer_files
+from mlm_core.model.hf_layout import arch_from_hf_config, disc_to_hf, electra_config, mlm_to_hf
+from mlm_core.model.pretrained import load_export
 from mlm_core.model.sizes import Arch
+from mlm_core.model.weights import ExportError
 
 GENERATOR_DIR, DISCRIMINATOR_DIR = "hf", "hf-discriminator"
-
-
-def electra_config(arch: Arch, role: str) -> dict:
-    """config.json of the matching ``ElectraForMaskedLM`` (role generator) / ``ElectraForPreTraining``:
-    BERT's (``hf_config``, same key order) with ``embedding_size``; the discriminator's embeddings always tied."""
-    head = {
-        "architectures": ["ElectraForMaskedLM" if role == "generator" else "ElectraForPreTraining"],
-        "model_type": "electra",
-        "vocab_size": arch.vocab_size,
-        "embedding_size": arch.emb_dim,
-    }
-    cfg = head | {k: v for k, v in hf_config(arch).items() if k not in head}
-    if role != "generator":
-        cfg["tie_word_embeddings"] = True
-    return cfg
 
 
 def generator_to_hf(gen: MLMEncoder) -> dict[str, torch.Tensor]:
@@ -83,8 +70,7 @@ def arch_from_electra_config(cfg: dict) -> Arch:
 def load_electra_export(out_dir: Path):
     """An ``export_electra`` folder back into our classes: the generator as an MLMEncoder, the
     discriminator as a ``Discriminator`` (eval mode)."""
-    from mlm_core.model.pretrained import load_hf_model
-    return load_hf_model(Path(out_dir)).eval()
+    return load_export(out_dir)
 
 
 __all__ = ["export_electra", "load_electra_export", "electra_config", "GENERATOR_DIR", "DISCRIMINATOR_DIR"]

@@ -139,6 +139,21 @@ def hf_config(arch: Arch, special_ids: dict[str, int] | None = None) -> dict:
     return cfg
 
 
+def electra_config(arch: Arch, role: str) -> dict:
+    """config.json of the matching ``ElectraForMaskedLM`` (role generator) / ``ElectraForPreTraining``:
+    BERT's (``hf_config``, same key order) with ``embedding_size``; the discriminator's embeddings always tied."""
+    head = {
+        "architectures": ["ElectraForMaskedLM" if role == "generator" else "ElectraForPreTraining"],
+        "model_type": "electra",
+        "vocab_size": arch.vocab_size,
+        "embedding_size": arch.emb_dim,
+    }
+    cfg = head | {k: v for k, v in hf_config(arch).items() if k not in head}
+    if role != "generator":
+        cfg["tie_word_embeddings"] = True
+    return cfg
+
+
 def arch_from_hf_config(cfg: dict, family: str, dropout: float | None = None) -> Arch:
     """The Arch of a transformers config.json of ``family`` (keys transformers' config class defaults when
     absent). KeyError for a missing required key; ArchError for a shape the encoder cannot build."""
@@ -258,6 +273,6 @@ def disc_from_hf(arch: Arch, hf: dict[str, torch.Tensor]) -> dict[str, torch.Ten
 
 
 __all__ = ["LAYOUTS", "Layout", "OFFSET_FAMILIES", "DISC_HEAD", "ROFORMER_TABLE", "family_of_architecture",
-           "export_family", "roformer_table", "hf_config",
+           "export_family", "roformer_table", "hf_config", "electra_config",
            "arch_from_hf_config", "encoder_to_hf", "encoder_from_hf", "mlm_to_hf", "mlm_from_hf", "disc_to_hf",
            "disc_from_hf"]

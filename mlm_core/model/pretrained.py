@@ -49,7 +49,6 @@ from pathlib import Path
 
 import torch
 
-from mlm_core.model.export import ExportError
 from mlm_core.model.hf_layout import (LAYOUTS, ROFORMER_TABLE, arch_from_hf_config, disc_from_hf,
                                       family_of_architecture, mlm_from_hf, roformer_table)
 from mlm_core.model.hf_modernbert import (ARCHITECTURE as MODERNBERT, ModernBertConfigError,
@@ -57,6 +56,7 @@ from mlm_core.model.hf_modernbert import (ARCHITECTURE as MODERNBERT, ModernBert
 from mlm_core.model.pretrained_files import (ROLES, PretrainedError, read_hf_tensors, read_special_tokens,
                                              refuse_missing_weights)
 from mlm_core.model.sizes import Arch, ArchError
+from mlm_core.model.weights import ExportError
 
 FIELD = "pretrain.init_from"
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("BertForMaskedLM", "RobertaForMaskedLM", "XLMRobertaForMaskedLM",
@@ -216,12 +216,20 @@ def load_hf_model(folder: Path, field: str = "model folder"):
     return model.eval()
 
 
+def load_export(out_dir: Path):
+    """Read a transformers folder of any supported family (``export_hf`` / ``export_electra`` output, or a
+    checkpoint saved by transformers: config.json + model.safetensors [sharded]) into an MLMEncoder (eval
+    mode); an ``ElectraForPreTraining`` folder loads as a ``Discriminator``. PretrainedError (an ExportError)
+    for anything else."""
+    return load_hf_model(Path(out_dir)).eval()
+
+
 # ---- the pipeline's own folders ---------------------------------------------------------------------------
 def _load_ours(folder: Path, field: str):
     """(Arch, state, disc Arch | None, disc state | None) of a pretrain output folder."""
     from mlm_core.model.electra import Discriminator
     from mlm_core.model.encoder import MLMEncoder
-    from mlm_core.model.export import load_weights, read_arch
+    from mlm_core.model.weights import load_weights, read_arch
     out = []
     for fname, cls in (("model.safetensors", MLMEncoder), ("discriminator.safetensors", Discriminator)):
         path = folder / fname
@@ -360,4 +368,4 @@ def check_model_config(p: Pretrained, model_cfg, field: str = FIELD) -> None:
 
 
 __all__ = ["FIELD", "ROLES", "SUPPORTED_ARCHITECTURES", "Pretrained", "PretrainedError", "read_pretrained",
-           "build_encoder", "build_electra", "check_model_config", "load_hf_model"]
+           "build_encoder", "build_electra", "check_model_config", "load_hf_model", "load_export"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from mlm_core.model.export import ExportError
+from mlm_core.model.weights import ExportError
 
 ROLES = ("pad", "unk", "cls", "sep", "mask")
 # the usual spellings (BERT-style, RoBERTa-style), when a folder has no transformers tokenizer config naming them

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from mlm_core.errors import StageError
 # the stage's parts; re-exported here for existing importers (``from mlm_core.shards.build import ...``)
 from mlm_core.shards.encode import (  # noqa: F401
-    IN_PROCESS_MAX_WORKERS, Encoded, _doc_batches, _encode_in_worker, _encode_stream, _init_worker, _select,
+    IN_PROCESS_MAX_WORKERS, Encoded, doc_batches, encode_stream, select_docs,
     encode_texts, encodings_to_arrays, prepare_tokenizer,
 )
 from mlm_core.shards.pack import (  # noqa: F401
@@ -43,7 +43,7 @@ from mlm_core.shards.parts import (
 )
 from mlm_core.shards.parts import load as load_part
 from mlm_core.shards.split import (  # noqa: F401
-    _split_masks, hash_order_ranks, hash_prefix_u32, top_up_validation, validation_mask,
+    hash_prefixes, hash_order_ranks, hash_prefix_u32, top_up_validation, validation_mask,
 )
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def plan_shards(lc, upstream: dict, part_bytes: int | None = None) -> list[dict]
     parts: list[dict] = []
     for lang in langs:
         path = docs_dir / f"{lang}.parquet"
-        prefix = _split_masks(path)
+        prefix = hash_prefixes(path)
         mask = validation_mask(prefix, cfg.validation_fraction)
         if cfg.min_validation_tokens:
             mask, held = top_up_validation(path, prefix, mask, cfg.min_validation_tokens, tok, cfg.batch_docs)
@@ -174,15 +174,15 @@ def process_shards(lc, upstream: dict, part: dict, out_dir: Path) -> dict:
     # a daemonic process (a pool or cluster worker) may not start its own pool: encode on the tokenizer's threads
     workers = min(cfg.workers, IN_PROCESS_MAX_WORKERS) if mp.current_process().daemon else cfg.workers
     writer = PartWriter(SPLITS + (_CDA,) if wl else SPLITS)
-    for tag, enc in _encode_stream(tasks(), workers, str(tok_file), tok, layout.ids):
+    for tag, enc in encode_stream(tasks(), workers, str(tok_file), tok, layout.ids):
         if len(enc.ids) and int(enc.ids.max()) >= vocab_size:
             raise StageError(f"shards: {lang}: token id {int(enc.ids.max())} >= vocab_size {vocab_size}")
         if tag == _CDA:
             writer.add(_CDA, enc)
             continue
         val = masks.popleft()
-        writer.add("train", _select(enc, ~val))
-        writer.add("validation", _select(enc, val))
+        writer.add("train", select_docs(enc, ~val))
+        writer.add("validation", select_docs(enc, val))
     return writer.save(Path(out_dir), layout.ids, {"index": part["index"], "lang": lang,
                                                     "rows": part["stop"] - part["start"],
                                                     **({"cda_counts": counts} if wl else {})})

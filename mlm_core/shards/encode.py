@@ -86,23 +86,24 @@ def _encode_in_worker(texts: pa.Array, dtype_str: str) -> Encoded:
     return encode_texts(_WORKER_TOK, texts.to_pylist(), np.dtype(dtype_str))
 
 
-def _doc_batches(path: Path, batch_docs: int) -> Iterator[pa.Array]:
+def doc_batches(path: Path, batch_docs: int) -> Iterator[pa.Array]:
+    """The text column of a normalized language file, ``batch_docs`` documents at a time."""
     pf = pq.ParquetFile(path)
     for b in pf.iter_batches(batch_size=batch_docs, columns=["text"]):
         yield b.column(0)
 
 
-def _select(enc: Encoded, sel: np.ndarray) -> Encoded:
+def select_docs(enc: Encoded, sel: np.ndarray) -> Encoded:
+    """The documents of ``enc`` where the boolean mask ``sel`` (one entry per document) is True."""
     if sel.all():
         return enc
     return Encoded(enc.ids[np.repeat(sel, enc.lens)], enc.word_start[np.repeat(sel, enc.lens)], enc.lens[sel])
 
 
-
 IN_PROCESS_MAX_WORKERS = 2   # see the module docstring: in-process rayon threads measured faster on 2 cores
 
 
-def _encode_stream(tasks, workers: int, tok_file: str, tok, dtype: np.dtype):
+def encode_stream(tasks, workers: int, tok_file: str, tok, dtype: np.dtype):
     """Yield (lang, Encoded) in task order; a bounded number of batches in flight."""
     if workers <= IN_PROCESS_MAX_WORKERS:
         # Pipelined: a thread runs encode_batch (Rust, GIL released, rayon threads) on batch i+1 while this

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from mlm_core.errors import StageError
-from mlm_core.shards.encode import Encoded, _select
+from mlm_core.shards.encode import Encoded, select_docs
 from mlm_core.shards.layout import Layout, id_capacity, segment_dtype, shard_schema, token_dtype  # noqa: F401
 from mlm_core.store import sha256_file
 
@@ -126,7 +126,7 @@ class Packer:
         if not keep.any():
             return
         if not keep.all():   # a document with no tokens would only add a lone [SEP]
-            enc = _select(enc, keep)
+            enc = select_docs(enc, keep)
             lens = enc.lens
         if len(enc.ids) and ((enc.ids == self.sep).any() or (enc.ids == self.pad).any()):
             # segment ids are rebuilt from [SEP] positions and padding from [PAD] ids (layout.py)

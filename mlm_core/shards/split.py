@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mlm_core.errors import StageError
-from mlm_core.shards.encode import _doc_batches
+from mlm_core.shards.encode import doc_batches
 
 
 _HEX = np.full(256, 255, dtype=np.uint8)
@@ -79,7 +79,7 @@ def top_up_validation(path: Path, prefix: np.ndarray, mask: np.ndarray, min_toke
         if hi > lo:
             got = np.zeros(hi - lo, dtype=np.int64)
             start = 0
-            for texts in _doc_batches(path, batch_docs):
+            for texts in doc_batches(path, batch_docs):
                 r = rank[start: start + len(texts)]
                 sel = np.flatnonzero((r >= lo) & (r < hi))
                 if len(sel):
@@ -96,8 +96,9 @@ def top_up_validation(path: Path, prefix: np.ndarray, mask: np.ndarray, min_toke
     return rank < take, int(cum[take - 1]) if take else 0
 
 
-def _split_masks(path: Path) -> np.ndarray:
-    """Validation mask over the documents of one language file (reads the hash column only)."""
+def hash_prefixes(path: Path) -> np.ndarray:
+    """``hash_prefix_u32`` of every document of one language file, in file order (reads the hash column only):
+    what ``validation_mask`` splits on."""
     pf = pq.ParquetFile(path)
     parts = [hash_prefix_u32(b.column(0)) for b in pf.iter_batches(batch_size=262_144, columns=["hash"])]
     return np.concatenate(parts) if parts else np.zeros(0, np.uint32)

@@ -24,6 +24,8 @@ from mlm_core.config import TokenizerConfig
 from mlm_core.errors import StageError
 
 ROLES = ("pad", "unk", "cls", "sep", "mask")
+TOKENIZER_FILE = "tokenizer.json"     # the trained tokenizer in the stage's output folder
+
 SPECIALS: dict[str, list[str]] = {
     "bert": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
     "roberta": ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],

@@ -25,8 +25,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from mlm_core.store import Artifact
-from mlm_core.tokenizer.sample import train_sample
-from mlm_core.tokenizer.stats import fertility, fertility_table, heldout_stats, vocab_scripts
+from mlm_core.tokenizer.build import TOKENIZER_FILE
+from mlm_core.tokenizer.sample import corpus_counts, train_sample
+from mlm_core.tokenizer.stats import fertility, fertility_table, heldout_stats, vocab_scripts, write_tables
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,6 @@ def run_from(lc, norm: Artifact, out_dir: Path) -> dict:
     from mlm_core.external import TOKENIZER_FILES, cache_dir, content_hash, resolve_ref
     from mlm_core.tokenizer.existing import load_existing
     from mlm_core.tokenizer.extend import EXTENSION_FILE, check_room, extend_tokenizer, extension_table
-    from mlm_core.tokenizer.stage import TOKENIZER_FILE, corpus_counts, write_tables
 
     cfg, pcfg = lc.config.tokenizer, lc.config
     field = "tokenizer.from" if cfg.from_ is not None else "pretrain.init_from"

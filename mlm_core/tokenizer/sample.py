@@ -28,6 +28,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mlm_core.sampling import language_weights
+from mlm_core.store import Artifact
+from mlm_core.tokenizer.build import TokenizerError
 
 log = logging.getLogger(__name__)
 MAX_REPEATS = 10.0
@@ -177,3 +179,16 @@ def train_sample(normalize_dir: Path, counts: dict[str, int], alpha: float, samp
         if not sample.per_lang_docs[lang]:
             log.warning("tokenizer: no training documents drawn for %s", lang)
     return sample
+
+
+def corpus_counts(norm: Artifact, langs: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+    per_lang = norm.manifest.get("languages", {})
+    missing = [lang for lang in langs if lang not in per_lang]
+    if missing:
+        raise TokenizerError(f"the normalize output {norm.path} has no language(s) {', '.join(missing)}: "
+                             f"rerun normalize")
+    empty = [lang for lang in langs if not per_lang[lang].get("chars")]
+    if empty:
+        raise TokenizerError(f"no normalized text for language(s) {', '.join(empty)} in {norm.path}")
+    return ({lang: int(per_lang[lang]["chars"]) for lang in langs},
+            {lang: int(per_lang[lang]["bytes"]) for lang in langs})

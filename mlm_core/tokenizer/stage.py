@@ -19,36 +19,14 @@ import logging
 import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
 from mlm_core.store import MANIFEST, Artifact, sha256_file
-from mlm_core.tokenizer.build import SPECIALS, TokenizerError, TokenizerMismatch, special_ids, train
-from mlm_core.tokenizer.sample import train_sample
-from mlm_core.tokenizer.stats import heldout_stats, vocab_scripts
+from mlm_core.tokenizer.build import SPECIALS, TOKENIZER_FILE, TokenizerError, TokenizerMismatch, special_ids, train
+from mlm_core.tokenizer.sample import corpus_counts, train_sample
+from mlm_core.tokenizer.stats import heldout_stats, vocab_scripts, write_tables
 
 log = logging.getLogger(__name__)
-TOKENIZER_FILE = "tokenizer.json"
-
-STATS_SCHEMA = pa.schema([
-    ("lang", pa.string()), ("heldout_docs", pa.int64()), ("words", pa.int64()), ("chars", pa.int64()),
-    ("tokens", pa.int64()), ("tokens_per_word", pa.float64()), ("tokens_per_char", pa.float64()),
-    ("unk_rate", pa.float64()), ("no_spaces", pa.bool_())])
-SCRIPTS_SCHEMA = pa.schema([("script", pa.string()), ("tokens", pa.int64()), ("share", pa.float64())])
-
-
-def corpus_counts(norm: Artifact, langs: list[str]) -> tuple[dict[str, int], dict[str, int]]:
-    per_lang = norm.manifest.get("languages", {})
-    missing = [lang for lang in langs if lang not in per_lang]
-    if missing:
-        raise TokenizerError(f"the normalize output {norm.path} has no language(s) {', '.join(missing)}: "
-                             f"rerun normalize")
-    empty = [lang for lang in langs if not per_lang[lang].get("chars")]
-    if empty:
-        raise TokenizerError(f"no normalized text for language(s) {', '.join(empty)} in {norm.path}")
-    return ({lang: int(per_lang[lang]["chars"]) for lang in langs},
-            {lang: int(per_lang[lang]["bytes"]) for lang in langs})
 
 
 def run_tokenizer(lc, upstream: dict, out_dir: Path) -> dict:
@@ -99,15 +77,6 @@ def run_tokenizer(lc, upstream: dict, out_dir: Path) -> dict:
         "counts": {"vocab_size": actual, "sample_bytes": sample.bytes, "sample_docs": sample.docs,
                    "train_seconds": round(train_seconds, 3)},
     }
-
-
-def write_tables(out_dir: Path, langs: dict, scripts: dict, n_scripts: int) -> None:
-    # the fertility / UNK limits are thresholds: the data contract takes them from the config in force, so
-    # they are not written here (a stored tokenizer's bytes never depend on them)
-    rows = [{"lang": lang, **{k: s[k] for k in STATS_SCHEMA.names if k in s}} for lang, s in langs.items()]
-    pq.write_table(pa.Table.from_pylist(rows, schema=STATS_SCHEMA), out_dir / "stats.parquet")
-    srows = [{"script": s, "tokens": n, "share": n / n_scripts} for s, n in scripts.items()]
-    pq.write_table(pa.Table.from_pylist(srows, schema=SCRIPTS_SCHEMA), out_dir / "vocab_scripts.parquet")
 
 
 def load_tokenizer(artifact_or_dir: Artifact | Path | str) -> Tokenizer:

@@ -7,14 +7,25 @@ In: a trained ``tokenizers.Tokenizer`` and held-out documents per language. Out:
   unk_rate         share of tokens that are the UNK id (always 0 for byte-level BPE).
   vocab scripts    each vocabulary token's dominant Unicode script (byte-level tokens are first mapped back
                    from the GPT-2 byte alphabet; a token holding only part of a UTF-8 character is 'Bytes').
+``write_tables``: both tables as the stage's stats.parquet and vocab_scripts.parquet.
 """
 from __future__ import annotations
 
 import unicodedata
 from collections import Counter
 from functools import lru_cache
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from tokenizers import Tokenizer
+
+
+STATS_SCHEMA = pa.schema([
+    ("lang", pa.string()), ("heldout_docs", pa.int64()), ("words", pa.int64()), ("chars", pa.int64()),
+    ("tokens", pa.int64()), ("tokens_per_word", pa.float64()), ("tokens_per_char", pa.float64()),
+    ("unk_rate", pa.float64()), ("no_spaces", pa.bool_())])
+SCRIPTS_SCHEMA = pa.schema([("script", pa.string()), ("tokens", pa.int64()), ("share", pa.float64())])
 
 # Languages written without spaces between words (whitespace "words" are clauses or sentences).
 NO_SPACE_LANGS = frozenset({"zh", "ja", "th", "lo", "km", "my", "bo", "dz"})
@@ -134,3 +145,12 @@ def fertility_table(langs: dict[str, dict], limits: dict[str, float] | None = No
 
 def _num(x) -> str:
     return "-" if x is None else f"{x:.3f}"
+
+
+def write_tables(out_dir: Path, langs: dict, scripts: dict, n_scripts: int) -> None:
+    # the fertility / UNK limits are thresholds: the data contract takes them from the config in force, so
+    # they are not written here (a stored tokenizer's bytes never depend on them)
+    rows = [{"lang": lang, **{k: s[k] for k in STATS_SCHEMA.names if k in s}} for lang, s in langs.items()]
+    pq.write_table(pa.Table.from_pylist(rows, schema=STATS_SCHEMA), out_dir / "stats.parquet")
+    srows = [{"script": s, "tokens": n, "share": n / n_scripts} for s, n in scripts.items()]
+    pq.write_table(pa.Table.from_pylist(srows, schema=SCRIPTS_SCHEMA), out_dir / "vocab_scripts.parquet")
