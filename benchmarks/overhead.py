@@ -118,7 +118,7 @@ def job_flow(scratch: Path) -> dict:
     t0 = time.perf_counter()
     state = scratch / "flow-state"
     shutil.rmtree(state, ignore_errors=True)
-    from flows.cli import prepare_env
+    from flows.cli.util import prepare_env
     prepare_env(state)                   # PREFECT_HOME = <state>/prefect: a fresh (cold) ephemeral server
     import prefect  # noqa: F401
     t_prefect = time.perf_counter() - t0
@@ -189,7 +189,7 @@ def job_validate(dirs: dict, repeat: int) -> dict:
     """GE import, one warm-up validation, then ``repeat`` timed validations of each normalize output."""
     import tasks.validation as tv
     t0 = time.perf_counter()
-    tv._gx()
+    tv.import_gx()
     ge_import = time.perf_counter() - t0
     out = {"ge_import_s": ge_import, "sizes": {}}
     first = None

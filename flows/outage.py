@@ -7,7 +7,7 @@ after the failure) and 2 when not; None when the exception is not an outage (it 
 
 The line names the API that failed (credentials redacted), that its database may be down when the answer
 was a 5xx from a server ``mlm serve --db`` started for this workdir (its ``serve.json``), an MLflow server
-lost too (``tasks.tracking_stream.delivery_report``), and the exact commands for once it is back: ``mlm sync``
+lost too (``tasks.tracking.stream.delivery_report``), and the exact commands for once it is back: ``mlm sync``
 with the run's config and ``--set`` overrides (MLflow), then the ``mlm run`` that records the run in Prefect
 (every finished stage is reused). Observed before: the run exited 1 on a raw ``PrefectHTTPStatusError 500``.
 """
@@ -128,8 +128,8 @@ def classify(exc: BaseException, lc, chosen: list[str], only: str | None, asked:
         return None
     tracker = None
     import sys
-    if "tasks.tracking_stream" in sys.modules:
-        from tasks.tracking_stream import delivery_report
+    if "tasks.tracking.stream" in sys.modules:
+        from tasks.tracking.stream import delivery_report
         tracker = delivery_report()
     done, left = complete_stages(lc, chosen, before)
     own = underlying(exc) if left else None

@@ -37,10 +37,10 @@ def _registry_info(ref: str, uri: str) -> dict:
 
     from tasks import tracking
     from tasks.metric_names import val_acc_languages
-    from tasks.registry import _parse_ref
-    from tasks.tracking_backend import _is_http
-    name, alias, version = _parse_ref(ref)
-    client = tracking._client(uri)
+    from tasks.registry import parse_ref
+    from tasks.tracking import is_http
+    name, alias, version = parse_ref(ref)
+    client = tracking.mlflow_client(uri)
     try:
         if alias:
             mv = client.get_model_version_by_alias(name, alias)
@@ -59,7 +59,7 @@ def _registry_info(ref: str, uri: str) -> dict:
     info = {"ref": ref, "name": name, "alias": alias, "version": int(mv.version), "run_id": mv.run_id,
             "model_id": _model_id(mv), "pinned": f"models:/{name}/{mv.version}", "url": None,
             "training_languages": None}
-    if _is_http(uri):
+    if is_http(uri):
         info["url"] = f"{redact(uri).rstrip('/')}/#/models/{name}/versions/{mv.version}"
     if mv.run_id:
         try:
@@ -93,7 +93,7 @@ def resolved(ref: str, uri: str | None, lc):
         yield p, {"ref": ref, "folder": str(p.resolve()), "training_languages": training_languages(p)}
         return
     from tasks import tracking
-    db = tracking._sqlite_path(uri) if uri else None
+    db = tracking.sqlite_path(uri) if uri else None
     if not uri or (db is not None and not db.is_file()):
         with resolve_model(ref, uri):      # raises its clear "no registry here" error, creating nothing
             pass

@@ -48,13 +48,13 @@ def _safe(name: str) -> str:
 
 
 def _tracking_uri(ref: str, lc) -> str:
-    from tasks.tracking import _sqlite_path, resolve_tracking_uri
+    from tasks.tracking import resolve_tracking_uri, sqlite_path
     tcfg = lc.config.tracking
     if not tcfg.enabled and not tcfg.uri and not os.environ.get("MLM_TRACKING_URI"):
         raise RegistryImportError(f"{ref} needs a model registry, but tracking is off (tracking.enabled: false) and no "
                            f"tracking.uri is set: set tracking.uri to the registry's store, or give a local folder")
     uri = resolve_tracking_uri(tcfg, lc.workdir)
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is not None and not db.is_file():     # never create an empty registry just to look something up
         raise RegistryImportError(f"{ref}: no model registry at {redact(uri)} (the database {db} does not exist): set "
                            f"tracking.uri to the store the model was registered in, or give a local folder")
@@ -65,12 +65,12 @@ def _version(ref: str, uri: str) -> tuple[str, int]:
     from mlflow.exceptions import MlflowException
 
     from tasks import tracking
-    from tasks.registry import RegistryError, _parse_ref
+    from tasks.registry import RegistryError, parse_ref
     try:
-        name, alias, version = _parse_ref(ref)
+        name, alias, version = parse_ref(ref)
     except RegistryError as e:
         raise RegistryImportError(str(e)) from None
-    client = tracking._client(uri)
+    client = tracking.mlflow_client(uri)
     try:
         mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
     except MlflowException as exc:
@@ -103,10 +103,10 @@ def resolve(ref: str, lc) -> Path:
     """The local model folder of ``ref`` (see the module docstring)."""
     from mlm_core.external import cache_dir, content_hash, discriminator_sibling
     from mlm_core.locks import file_lock
-    from tasks.registry import RegistryError, _parse_ref
+    from tasks.registry import RegistryError, parse_ref
     cache = cache_dir(lc)
     try:
-        name, _, pinned = _parse_ref(ref)
+        name, _, pinned = parse_ref(ref)
     except RegistryError as e:
         raise RegistryImportError(str(e)) from None
     imports = Path(lc.workdir) / "imports" / "models" / _safe(name)
@@ -145,7 +145,7 @@ def _download(name: str, version: int, uri: str, tmp: Path) -> Path:
 
     from tasks import tracking
     from tasks.mlflow_model import model_dir_in
-    client = tracking._client(uri)
+    client = tracking.mlflow_client(uri)
     tmp.mkdir(parents=True)
     # the version's storage location, with the URIs passed explicitly (not mv.source, models:/m-<id>, which
     # MLflow resolves through the process-wide tracking URI; see tasks.registry.resolve_model)

@@ -103,7 +103,7 @@ def log_and_register(pretrain_dir: Path, run_id: str, name: str, tags: dict, des
 def _register(client, name: str, model_uri: str, model_id: str, run_id: str, tags: dict, description: str) -> int:
     from mlflow.exceptions import MlflowException
 
-    from tasks.tracking_values import tag_values
+    from tasks.tracking import tag_values
     try:
         client.create_registered_model(name)
     except MlflowException as exc:

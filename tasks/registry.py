@@ -197,7 +197,7 @@ def _version_for(tracker: tracking.Tracker, name: str, fingerprint: str) -> int 
     return max(hits) if hits else None
 
 
-def _parse_ref(ref: str) -> tuple[str, str | None, str | None]:
+def parse_ref(ref: str) -> tuple[str, str | None, str | None]:
     body = ref[len("models:/"):]
     if "@" in body:
         name, alias = body.split("@", 1)
@@ -226,14 +226,14 @@ def resolve_model(ref: str, tracking_uri: str | None) -> Iterator[Path]:
     if not tracking_uri:
         raise RegistryError(f"{ref}: no model registry to look it up in: pass --config CONFIG (its tracking "
                             f"settings locate the registry) or set $MLM_TRACKING_URI")
-    db = tracking._sqlite_path(tracking_uri)
+    db = tracking.sqlite_path(tracking_uri)
     if db is not None and not db.is_file():
         raise RegistryError(f"{ref}: no model registry at {redact(tracking_uri)} (the database {db} does not exist; "
                             f"run the pipeline with tracking first, or point --config / $MLM_TRACKING_URI at it)")
     import mlflow
     from mlflow.exceptions import MlflowException
-    name, alias, version = _parse_ref(ref)
-    client = tracking._client(tracking_uri)
+    name, alias, version = parse_ref(ref)
+    client = tracking.mlflow_client(tracking_uri)
     try:
         mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
     except MlflowException as exc:
@@ -340,7 +340,7 @@ def registry_status(lc, pretrain_fingerprint: str) -> dict | None:
     if not lc.config.tracking.enabled or not _HEX.fullmatch(pretrain_fingerprint or ""):
         return None
     uri = tracking.resolve_tracking_uri(lc.config.tracking, lc.workdir)
-    db = tracking._sqlite_path(uri)
+    db = tracking.sqlite_path(uri)
     if db is not None and not db.is_file():
         return None
     if uri.startswith(("http://", "https://")):
@@ -348,7 +348,7 @@ def registry_status(lc, pretrain_fingerprint: str) -> dict | None:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
     name = lc.config.registry.model_name
     try:
-        client = tracking._client(uri)
+        client = tracking.mlflow_client(uri)
         hits = [v for v in client.search_model_versions(f"tags.pretrain_fingerprint = '{pretrain_fingerprint}'")
                 if v.name == name]
         if not hits:

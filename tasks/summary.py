@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from mlm_core.redact import redact
-from tasks.tracking_backend import _is_http
+from tasks.tracking import is_http
 
 log = logging.getLogger(__name__)
 KEY = "pipeline-summary"
@@ -57,7 +57,7 @@ def registered(results: list[dict], tracker, model_name: str) -> dict | None:
         out["gates"] = (mv.tags or {}).get("gates")
     except Exception as exc:  # noqa: BLE001 - the summary must not fail a finished pipeline
         log.warning("pipeline summary: reading %s version %s failed: %s", model_name, out["version"], exc)
-    if _is_http(tracker.uri):   # a server with a UI: link its model-version page
+    if is_http(tracker.uri):   # a server with a UI: link its model-version page
         out["url"] = f"{redact(tracker.uri).rstrip('/')}/#/models/{model_name}/versions/{out['version']}"
     return out
 

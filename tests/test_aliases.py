@@ -18,11 +18,11 @@ NAME = "alias-test"
 
 @pytest.fixture
 def registry(tmp_path):
-    from flows.cli_util import prepare_env
+    from flows.cli.util import prepare_env
     prepare_env()
-    from tasks.tracking import _client
+    from tasks.tracking import mlflow_client
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = _client(uri)
+    client = mlflow_client(uri)
     client.create_registered_model(NAME)
     vs = []
     for _ in range(3):

@@ -119,9 +119,9 @@ def test_files_png_and_markdown(compared):
 
 
 def test_mlflow_run_has_both_refs_and_the_metrics(two_models, compared):
-    from tasks.tracking import _client, resolve_tracking_uri
+    from tasks.tracking import mlflow_client, resolve_tracking_uri
     lc = two_models["lc"]
-    run = _client(resolve_tracking_uri(lc.config.tracking, lc.workdir)).get_run(compared["run_id"])
+    run = mlflow_client(resolve_tracking_uri(lc.config.tracking, lc.workdir)).get_run(compared["run_id"])
     assert run.data.tags["model_a"] == str(two_models["a"]) and run.data.tags["model_b"] == str(two_models["b"])
     assert run.data.tags["model_a.content_hash"] != run.data.tags["model_b.content_hash"]
     m = run.data.metrics
@@ -130,7 +130,7 @@ def test_mlflow_run_has_both_refs_and_the_metrics(two_models, compared):
             assert m[f"a.{r['lang']}.{r['metric']}"] == pytest.approx(r["a"])
             assert m[f"b.{r['lang']}.{r['metric']}"] == pytest.approx(r["b"])
             assert m[f"delta.{r['lang']}.{r['metric']}"] == pytest.approx(r["delta"])
-    artifacts = {f.path for f in _client(resolve_tracking_uri(lc.config.tracking, lc.workdir)).list_artifacts(run.info.run_id)}
+    artifacts = {f.path for f in mlflow_client(resolve_tracking_uri(lc.config.tracking, lc.workdir)).list_artifacts(run.info.run_id)}
     assert {"compare.md", "compare.png", "compare.json"} <= artifacts
 
 

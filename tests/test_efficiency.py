@@ -117,7 +117,7 @@ def test_evaluate_contract_passes_with_the_new_fields(tmp_path, report):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import tasks.contracts  # noqa: F401  (registers the table providers)
+    import tasks.validation.contracts  # noqa: F401  (registers the table providers)
     from mlm_core.evaluate.stage import intrinsic_rows, transfer_rows
     from tasks.validation import ValidationFailed, validate_stage
     intr = {"en": {"n_positions": 10, "top1": 0.5, "top5": 0.7, "ece": 0.1, "baseline_top1": 0.2}}

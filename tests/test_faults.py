@@ -291,7 +291,7 @@ def test_tracker_lost_mid_training_training_finishes_warns_and_sync_replays(upst
     from mlm_core import stages
     from mlm_core.configio import load_config
     from tasks import tracking
-    from tasks.tracking_sync import sync
+    from tasks.tracking.sync import sync
     for k in tracking.HTTP_ENV_DEFAULTS:
         monkeypatch.delenv(k, raising=False)            # the tracker sets short defaults; undone after the test
     # no HTTP retries: the stream notices the cut at once (the schedule below waits for that); the default
@@ -548,7 +548,7 @@ def test_credentials_and_secret_overrides_are_redacted(tmp_path):
     """(MLflow params and the closing warning are checked with a credential URI in the tracker-loss test.)"""
     from flows.guard import error_line
     from tasks.tracking import TrackingError, check_tracking_server
-    from tasks.tracking_values import flatten_params
+    from tasks.tracking.values import flatten_params
     cfg = _config(tmp_path, tmp_path / "work")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -94,8 +94,8 @@ def test_without_the_switch_the_flow_run_is_completed_with_the_line_and_the_cli_
 
 def test_status_shows_the_registered_version_and_its_aliases(failed_gates_run):
     cfg, work, _ = failed_gates_run
-    from tasks.tracking import _client
-    client = _client(f"sqlite:///{work.resolve()}/mlflow.db")
+    from tasks.tracking import mlflow_client
+    client = mlflow_client(f"sqlite:///{work.resolve()}/mlflow.db")
     client.set_registered_model_alias(NAME, "reviewed", "1")      # an alias of this version, set by hand
     r = subprocess.run([*MLM, "status", str(cfg)], cwd=REPO, env=_env(work), capture_output=True, text=True,
                        timeout=300)

@@ -222,11 +222,11 @@ def test_a_5xx_from_a_server_of_mlm_serve_db_says_its_database_may_be_down(norma
 
 
 def test_mlflow_loss_alone_ends_a_successful_command_with_exit_4_and_the_sync_command(monkeypatch, capsys):
-    import flows.cli as cli
-    from tasks.tracking import _undelivered     # loaded, as after any run: the warning is armed (test_verify.py)
+    from flows.cli import app as cli     # the parser reads its commands from flows.cli.app
+    from tasks.tracking import note_undelivered     # loaded, as after any run: the warning is armed (test_verify.py)
 
     def lost_tracker(args):
-        _undelivered("http://127.0.0.1:5000", records=5, run="pretrain")
+        note_undelivered("http://127.0.0.1:5000", records=5, run="pretrain")
         return 0
     monkeypatch.setattr(cli, "cmd_verify", lost_tracker)
     assert cli.main(["verify", "my cfg.yaml", "--set", "a=b c"]) == 4

@@ -76,7 +76,7 @@ def registry(tmp_path_factory, pipeline_out):
     lc, arts = pipeline_out
     db = tmp_path_factory.mktemp("registry") / "mlflow.db"
     uri = f"sqlite:///{db}"
-    client = tracking._client(uri)
+    client = tracking.mlflow_client(uri)
     exp = client.create_experiment("regtest", artifact_location=str(db.parent / "artifacts"))
     run = client.create_run(exp)
     client.log_artifacts(run.info.run_id, str(arts["pretrain"].path / "hf"), "model/hf")

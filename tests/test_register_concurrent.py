@@ -127,8 +127,8 @@ def test_two_runs_overlapping_at_registration_register_one_version(tmp_path):
               if re.search(r"registry: another run is writing model .* before registering pretrain output", err)]
     assert len(waited) == 1, [e[-1500:] for _, e in outs]
     # exactly one version for the fingerprint, none left pending
-    from tasks.tracking import _client
-    client = _client(f"sqlite:///{work.resolve()}/mlflow.db")
+    from tasks.tracking import mlflow_client
+    client = mlflow_client(f"sqlite:///{work.resolve()}/mlflow.db")
     versions = [v for v in client.search_model_versions() if v.name == NAME]
     assert len(versions) == 1, [(v.version, v.tags) for v in versions]
     tags = versions[0].tags

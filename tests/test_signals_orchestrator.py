@@ -267,7 +267,7 @@ def test_log_inputs_retries_a_dataset_another_run_inserted_at_the_same_moment():
     the UNIQUE constraint (the message below is the one from the failed CI run). One retry finds the row."""
     from mlflow.exceptions import MlflowException
 
-    from tasks.tracking_values import log_inputs_racing
+    from tasks.tracking.values import log_inputs_racing
     msg = ("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, datasets.name, "
            "datasets.digest")
 

@@ -34,7 +34,7 @@ def test_sync_without_the_overrides_finishes_the_run_and_replays_params_tags_art
 
     from mlm_core import stages
     from mlm_core.configio import load_config
-    from tasks.tracking_values import flatten_params
+    from tasks.tracking.values import flatten_params
 
     relay = Relay(mlflow_server)
     workdir = tmp_path / "work"
@@ -115,8 +115,8 @@ def test_a_finished_run_keeps_its_status_and_a_killed_one_is_closed_failed(tmp_p
     from mlflow import MlflowClient
 
     from mlm_core.configio import load_config
-    from tasks.tracking_journal import record
-    from tasks.tracking_sync import sync
+    from tasks.tracking.journal import record
+    from tasks.tracking.sync import sync
 
     direct = MlflowClient(f"http://127.0.0.1:{mlflow_server}")
     cfg = _config(tmp_path, tmp_path / "work2")

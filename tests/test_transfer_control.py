@@ -179,7 +179,7 @@ def test_control_reported_and_predictions_recompute_the_scores(model_dir, shared
                        if ln.startswith("# sent_id")][:2]
     # the evaluate contract checks the file against transfer.parquet; one changed tag fails it
     import pyarrow as pa
-    import tasks.contracts  # noqa: F401  (registers the table providers)
+    import tasks.validation.contracts  # noqa: F401  (registers the table providers)
     from mlm_core.evaluate.stage import intrinsic_rows, write_transfer_table
     from tasks.validation import ValidationFailed, validate_stage
     result = {"intrinsic": {"en": {"n_positions": 10, "top1": 0.5, "top5": 0.7, "ece": 0.1, "baseline_top1": 0.2}},

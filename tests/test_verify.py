@@ -310,8 +310,8 @@ def test_an_earlier_commands_undelivered_records_are_not_warned_again(pipe, caps
     """The closing `mlm sync` warning is about this command: an in-process `main()` after one whose MLflow was
     unreachable (the full suite ran such a test first, and `mlm verify` then printed `mlm sync`) stays quiet."""
     from flows.cli import main
-    from tasks.tracking import _undelivered     # loaded, as after any run: the warning is armed
+    from tasks.tracking import note_undelivered     # loaded, as after any run: the warning is armed
     _, _, cfg = pipe
-    _undelivered("http://127.0.0.1:9", records=3, run="pretrain")
+    note_undelivered("http://127.0.0.1:9", records=3, run="pretrain")
     assert main(["verify", str(cfg)]) == 0
     assert "mlm sync" not in capsys.readouterr().err

@@ -1,138 +1,36 @@
-"""Data contracts: validate a stage's output folder against its Great Expectations suite.
+"""Data contracts, run: validate a stage's output folder against its Great Expectations suite.
 
 In:  a stage name, its output folder and its manifest (with ``manifest["config"]``).
 Out: a ``ValidationReport`` (JSON-safe results, a Markdown summary); ``ValidationFailed`` when a
      critical expectation fails. Failed warnings are logged and reported, never raised.
 
-How it works:
-- ``schemas/<stage>.suite.json`` is a GE 1.x suite (``{"name", "expectations": [{"type", "kwargs",
-  "meta": {"table": ...}, "severity"}]}``). ``severity`` is GE's own field (critical / warning / info);
-  ``meta.table`` names the table the expectation runs on.
-- A *table provider* (``TABLES[stage]``, registered with ``@register_tables``) turns the output folder
-  into small pandas DataFrames: full statistics tables plus a bounded DuckDB reservoir sample of the
-  big tables, so GE's cost does not grow with the corpus.
-- Config-dependent thresholds are GE suite parameters (``{"$PARAMETER": "max_chars"}``) whose values
-  come from ``PARAMETERS[stage]`` (``@register_parameters``), passed to ``batch.validate``.
-- One GE call per table; results are mapped back to suite order.
+How it works: the suite file (``suite``) is read as JSON and its expectations are grouped by table; the stage's
+table provider and suite parameters (``providers``, filled by ``contracts``) give the DataFrames and the
+``$PARAMETER`` values, passed to ``batch.validate``. One GE call per table; results are mapped back to suite
+order, and each table's Data Docs page is rendered (made to show offline by ``data_docs``).
 
 This is the only module of the project that imports great_expectations, and it does so lazily
-(the import takes ~4-5 s), inside ``_gx()``.
+(the import takes ~4-5 s), inside ``import_gx()``.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
-from mlm_core.errors import MlmError
-
-if TYPE_CHECKING:
-    import pandas as pd
+from tasks.validation.providers import PARAMETERS, TABLES
+from tasks.validation.report import ValidationFailed, ValidationReport, describe, offending, outcome
+from tasks.validation.suite import SCHEMAS_DIR, SuiteError, parameter_names, read_suite_json
 
 log = logging.getLogger(__name__)
 logging.getLogger("great_expectations").setLevel(logging.WARNING)
 
-SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
-SEVERITIES = ("critical", "warning", "info")
 N_OFFENDING = 5            # offending values kept per expectation in the report
 _INDEX_KEY = "_suite_index"  # temporary meta key mapping GE results back to suite order
-
-# A provider gets (out_dir, options) with options = {"manifest", "sample_rows", "seed"}
-# and returns {table name: DataFrame}.
-TableProvider = Callable[[Path, dict], "dict[str, pd.DataFrame]"]
-TABLES: dict[str, TableProvider] = {}
-PARAMETERS: dict[str, Callable[[dict], dict]] = {}
-
-
-def register_tables(stage: str) -> Callable[[TableProvider], TableProvider]:
-    """Decorator: ``fn(out_dir, options) -> {table: DataFrame}`` provides the tables of ``stage``."""
-    def deco(fn: TableProvider) -> TableProvider:
-        TABLES[stage] = fn
-        return fn
-    return deco
-
-
-def register_parameters(stage: str) -> Callable:
-    """Decorator: ``fn(manifest) -> {name: value}`` fills the suite's ``$PARAMETER`` placeholders."""
-    def deco(fn: Callable[[dict], dict]) -> Callable[[dict], dict]:
-        PARAMETERS[stage] = fn
-        return fn
-    return deco
-
-
-class SuiteError(MlmError, ValueError):
-    """A suite file that cannot be trusted: bad JSON, unknown expectation type, bad kwargs, unknown table."""
-
-
-@dataclass(frozen=True)
-class ValidationReport:
-    stage: str
-    suite: str
-    success: bool                  # no critical expectation failed
-    results: list[dict]            # one per expectation, in suite order (see _result_row)
-    n_rows_sampled: dict[str, int]  # rows validated per table
-    duration_s: float
-    # Great Expectations Data Docs: one HTML page per table (file name -> HTML), rendered by GE's own
-    # ValidationResultsPageRenderer; not part of result.json
-    data_docs: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def failed_critical(self) -> list[dict]:
-        return [r for r in self.results if not r["success"] and r["severity"] == "critical"]
-
-    @property
-    def failed_warnings(self) -> list[dict]:
-        return [r for r in self.results if not r["success"] and r["severity"] == "warning"]
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d.pop("data_docs", None)
-        d["n_failed_critical"] = len(self.failed_critical)
-        d["n_failed_warnings"] = len(self.failed_warnings)
-        return d
-
-    def summary_markdown(self) -> str:
-        status = "passed" if self.success else "FAILED"
-        rows = ", ".join(f"{t}: {n:,}" for t, n in self.n_rows_sampled.items())
-        lines = [f"**{self.stage}** validation against `{self.suite}`: **{status}** "
-                 f"({len(self.failed_critical)} critical, {len(self.failed_warnings)} warning failure(s); "
-                 f"{len(self.results)} expectations; rows validated: {rows or 'none'}; {self.duration_s:.2f} s)", "",
-                 "| severity | table | expectation | column | result | offending values |",
-                 "|---|---|---|---|---|---|"]
-        order = {"critical": 0, "warning": 1, "info": 2}
-        for r in sorted(self.results, key=lambda r: (r["success"], order.get(r["severity"], 3))):
-            col = r["kwargs"].get("column") or r["kwargs"].get("column_list") or ""
-            lines.append("| " + " | ".join(_md(x) for x in (
-                r["severity"], r["table"], r["type"], col, _outcome(r), _offending(r))) + " |")
-        return "\n".join(lines) + "\n"
-
-
-class ValidationFailed(MlmError):
-    """A critical expectation failed; ``.report`` holds the full ValidationReport."""
-
-    def __init__(self, report: ValidationReport, out_dir: Path | None = None, detail: str = ""):
-        self.report = report
-        self.out_dir = out_dir
-        self.detail = detail     # what the stage itself can say about it (the normalize re-check: worst files)
-        where = f" ({out_dir})" if out_dir else ""
-        lines = [f"{report.stage} output{where} violates its data contract {report.suite}: "
-                 f"{len(report.failed_critical)} critical expectation(s) failed"]
-        for r in report.failed_critical:
-            lines.append(f"  - [{r['table']}] {_describe(r)}: {_outcome(r)}; offending: {_offending(r) or '-'}")
-        if report.failed_warnings:
-            lines.append(f"  (and {len(report.failed_warnings)} warning(s): "
-                         + ", ".join(f"[{r['table']}] {r['type']}" for r in report.failed_warnings) + ")")
-        super().__init__("\n".join(([detail] if detail else []) + lines))
-
-    def __reduce__(self):  # picklable across Prefect / process boundaries
-        return (type(self), (self.report, self.out_dir, self.detail))
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Great Expectations state (lazy, cached per process)
@@ -141,7 +39,7 @@ _LOCK = threading.RLock()
 _STATE: dict[str, Any] = {}
 
 
-def _gx():
+def import_gx():
     """(gx module, pandas datasource); imports GE and builds one ephemeral context per process."""
     with _LOCK:
         if not _STATE:
@@ -160,7 +58,7 @@ def _gx():
 
 
 def _batch_definition(name: str):
-    _, ds = _gx()
+    _, ds = import_gx()
     bds = _STATE["batch_defs"]
     if name not in bds:
         bds[name] = ds.add_dataframe_asset(name=name).add_batch_definition_whole_dataframe("all")
@@ -170,29 +68,9 @@ def _batch_definition(name: str):
 # ---------------------------------------------------------------------------------------------------------------
 # Suites
 
-def _read_suite_json(path: Path) -> dict:
-    try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SuiteError(f"suite file not found: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise SuiteError(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("expectations"), list):
-        raise SuiteError(f"{path}: expected an object with an 'expectations' list")
-    for i, e in enumerate(raw["expectations"]):
-        if not isinstance(e, dict) or not isinstance(e.get("type"), str):
-            raise SuiteError(f"{path}: expectation #{i} has no 'type'")
-        if not isinstance((e.get("meta") or {}).get("table"), str):
-            raise SuiteError(f"{path}: expectation #{i} ({e['type']}) has no meta.table")
-        if e.get("severity", "critical") not in SEVERITIES:
-            raise SuiteError(f"{path}: expectation #{i} ({e['type']}): severity {e.get('severity')!r} "
-                             f"is not one of {SEVERITIES}")
-    return raw
-
-
 def _build_suite(name: str, entries: list[dict], path: Path):
     """A gx.ExpectationSuite from raw entries, refusing anything GE would silently drop."""
-    gx, _ = _gx()
+    gx, _ = import_gx()
     from great_expectations.expectations.registry import _registered_expectations
 
     unknown = sorted({e["type"] for e in entries} - set(_registered_expectations))
@@ -218,18 +96,8 @@ def load_suite(path: Path) -> tuple[object, dict]:
     """(gx.ExpectationSuite, raw JSON) from a suite file; SuiteError if anything would be dropped."""
     path = Path(path)
     with _LOCK:
-        raw = _read_suite_json(path)
+        raw = read_suite_json(path)
         return _build_suite(raw.get("name", path.stem), raw["expectations"], path), raw
-
-
-def _parameter_names(obj: Any) -> set[str]:
-    if isinstance(obj, dict):
-        if set(obj) == {"$PARAMETER"}:
-            return {obj["$PARAMETER"]}
-        return set().union(*(_parameter_names(v) for v in obj.values())) if obj else set()
-    if isinstance(obj, list):
-        return set().union(*(_parameter_names(v) for v in obj)) if obj else set()
-    return set()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -238,24 +106,24 @@ def _parameter_names(obj: Any) -> set[str]:
 def validate_stage(stage: str, out_dir: Path, manifest: dict, *, sample_rows: int = 10_000, seed: int = 0,
                    schemas_dir: Path | None = None) -> ValidationReport:
     """Validate ``out_dir`` against ``schemas/<stage>.suite.json``; raise ValidationFailed on a critical failure."""
-    import tasks.contracts  # noqa: F401  (registers every stage's tables and parameters)
+    import tasks.validation.contracts  # noqa: F401  (registers every stage's tables and parameters)
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
     path = Path(schemas_dir or SCHEMAS_DIR) / f"{stage}.suite.json"
     if stage not in TABLES:
         if path.exists():
             raise SuiteError(f"{path} exists but no table provider is registered for stage {stage!r} "
-                             f"(add one with @register_tables({stage!r}) in {__name__})")
+                             f"(add one with @register_tables({stage!r}) in tasks.validation)")
         log.warning("validation: stage %r has no data contract (no %s); skipped", stage, path.name)
         return ValidationReport(stage, "(none)", True, [], {}, round(time.perf_counter() - t0, 3))
 
-    raw = _read_suite_json(path)
+    raw = read_suite_json(path)
     suite_name = raw.get("name", path.stem)
     params = PARAMETERS[stage](manifest) if stage in PARAMETERS else {}
-    missing = _parameter_names(raw["expectations"]) - set(params)
+    missing = parameter_names(raw["expectations"]) - set(params)
     if missing:
         raise SuiteError(f"{path}: suite parameter(s) {', '.join(sorted(missing))} are not provided "
-                         f"for stage {stage!r} (see @register_parameters in {__name__})")
+                         f"for stage {stage!r} (see @register_parameters in tasks.validation)")
     tables = TABLES[stage](out_dir, {"manifest": manifest, "sample_rows": sample_rows, "seed": seed})
     by_table: dict[str, list[dict]] = {}
     for i, e in enumerate(raw["expectations"]):
@@ -291,7 +159,7 @@ def validate_stage(stage: str, out_dir: Path, manifest: dict, *, sample_rows: in
         duration_s=round(time.perf_counter() - t0, 3), data_docs=docs)
     for r in report.failed_warnings:
         log.warning("validation warning: %s [%s] %s: %s; offending: %s",
-                    stage, r["table"], _describe(r), _outcome(r), _offending(r) or "-")
+                    stage, r["table"], describe(r), outcome(r), offending(r) or "-")
     if not report.success:
         raise ValidationFailed(report, out_dir)
     log.info("validation: %s passed %s (%d expectations, %d warning(s), %.2f s)", stage, path.name,
@@ -301,11 +169,11 @@ def validate_stage(stage: str, out_dir: Path, manifest: dict, *, sample_rows: in
 
 def _data_docs_page(res) -> str:
     """GE's Data Docs page for one validation result, rendered without a file-backed context, made to show
-    without internet access (``tasks.validation_html.offline``)."""
+    without internet access (``tasks.validation.data_docs.offline``)."""
     try:
         from great_expectations.render.renderer import ValidationResultsPageRenderer
         from great_expectations.render.view import DefaultJinjaPageView
-        from tasks.validation_html import offline, plain
+        from tasks.validation.data_docs import offline, plain
         for r in res.results:   # GE's num_to_str parses repr(): numpy 2's "np.float64(0.5)" breaks it
             r.result = plain(r.result)
         return offline(DefaultJinjaPageView().render(ValidationResultsPageRenderer().render(res)))
@@ -362,40 +230,3 @@ def _json_safe(obj: Any) -> Any:
     return str(obj)
 
 
-def _describe(r: dict) -> str:
-    args = ", ".join(f"{k}={_short(v)}" for k, v in r["kwargs"].items())
-    return f"{r['type']}({args})"
-
-
-def _outcome(r: dict) -> str:
-    if r["success"]:
-        return "ok"
-    if r.get("exception"):
-        return f"error: {r['exception']}"
-    if r.get("unexpected_count") is not None:
-        of = f" of {r['element_count']:,}" if r.get("element_count") is not None else ""
-        return f"{r['unexpected_count']:,}{of} rows unexpected"
-    return f"observed {_short(r.get('observed_value'))}"
-
-
-def _offending(r: dict) -> str:
-    if r["success"]:
-        return ""
-    col = r["kwargs"].get("column")
-    if r.get("partial_unexpected_rows") and col:
-        return ", ".join(" ".join(f"{k}={_short(v, 24)}" for k, v in row.items() if k != col)
-                         + f": {_short(row.get(col), 40)}" for row in r["partial_unexpected_rows"])
-    if r.get("partial_unexpected_list"):
-        return ", ".join(_short(v, 40) for v in r["partial_unexpected_list"])
-    if (r.get("details") or {}).get("mismatched"):
-        return _short(r["details"]["mismatched"], 120)
-    return ""
-
-
-def _short(v: Any, n: int = 80) -> str:
-    s = repr(v) if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)
-    return s if len(s) <= n else s[: n - 1] + "…"
-
-
-def _md(s: str) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")

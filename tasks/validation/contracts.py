@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tasks.validation import register_parameters, register_tables
+from tasks.validation.providers import register_parameters, register_tables
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 def cmd_compare(args) -> int:
     """Model A (before) vs model B (after) on the config's held-out data: the same function as the mlm-compare flow."""
-    from flows.cli_util import load_args as _load, print_rows as _print_rows, prepare_env
+    from flows.cli.util import load_args as _load, print_rows as _print_rows, prepare_env
     _load(args)          # a bad config fails here, before any model is resolved
     prepare_env()
     from tasks.compare import run_compare

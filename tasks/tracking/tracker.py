@@ -1,9 +1,9 @@
-"""MLflow tracking: one parent run per pipeline run, one nested run per stage; survives losing the server.
+"""The tracker: one parent run per pipeline run, one nested run per stage; survives losing the server.
 
 In: a ``TrackingConfig`` and the workdir. Out: MLflow runs (params, metrics, tags, JSON/table
-artifacts, files, dataset lineage). Registry helpers live in ``tasks.tracking_registry``, value
-conversions in ``tasks.tracking_values``, live metric streaming in ``tasks.tracking_stream`` and the
-replay command in ``tasks.tracking_sync`` (all re-exported here where callers used them).
+artifacts, files, dataset lineage). Where the server lives and the client: ``backend``; value
+conversions and lineage: ``values``; run names and context tags: ``context``; live metric streaming and
+the delivery report: ``stream``; what an offline run could not tell: ``journal`` (replayed by ``sync``).
 
 mlflow is imported inside functions: ``import mlflow`` costs about 2 s, importing this module costs nothing.
 
@@ -29,22 +29,17 @@ import logging
 import os
 import socket
 import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlm_core.redact import redact
-from tasks.tracking_context import (EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, UI_QUERY, pipeline_run_name,  # noqa: F401
-                                    run_context_tags, stage_run_name)
-from tasks.tracking_backend import (TrackingError, _is_http, _sqlite_path, check_tracking_server,  # noqa: F401
-                                    resolve_tracking_uri, server_healthy)
-from tasks.tracking_registry import (get_alias_version, list_registered_models, register_version,  # noqa: F401
-                                     set_alias, tag_version)
-from tasks.tracking_stream import (MetricsStream, _first_line, _undelivered, delivery_report,  # noqa: F401
-                                   reset_delivery_report, unreachable)
-from tasks.tracking_values import (MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, RUN_STATUSES,  # noqa: F401
-                                   chunks, _ms, _numeric_metrics, _status, _system_tags,
-                                   tag_values, flatten_params, history_points, log_lineage)
+from tasks.tracking.backend import (HTTP_ENV_DEFAULTS, TrackingError, check_tracking_server, import_mlflow, is_http,
+                                    mlflow_client, resolve_tracking_uri, server_healthy, sqlite_path)
+from tasks.tracking.context import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, UI_QUERY, run_context_tags, stage_run_name
+from tasks.tracking.stream import MetricsStream, first_line, note_undelivered, unreachable
+from tasks.tracking.values import (MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, chunks, epoch_ms,
+                                   flatten_params, history_points, log_lineage, numeric_metrics, run_status,
+                                   system_tags, tag_values)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas
@@ -52,42 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from mlm_core.config import TrackingConfig
 
 log = logging.getLogger(__name__)
-
-_MLFLOW_ENV_DEFAULTS = {
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "MLFLOW_LOGGING_LEVEL": "WARNING",
-    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-}
-# For an http(s) server: a dead server costs ~3 s per call instead of ~4.5 min (retries 1 s, 2 s); a hung one
-# 3 x 30 s at worst, once (the tracker then goes offline). Only defaults: the user's own values win.
-HTTP_ENV_DEFAULTS = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
-}
-
-def _mlflow():
-    """Import mlflow lazily, with quiet defaults (the user's own environment wins)."""
-    for k, v in _MLFLOW_ENV_DEFAULTS.items():
-        os.environ.setdefault(k, v)
-    import mlflow
-
-    # MLflow's own deprecation noise, not ours to fix (SQLAlchemy 2.1 `noload`, pandas 3 `select_dtypes`)
-    warnings.filterwarnings("ignore", message=r".*``noload`` loader strategy.*")
-    warnings.filterwarnings("ignore", message=r".*'str' dtypes are included by select_dtypes.*")
-    for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent", "mlflow.pytorch"):
-        lg = logging.getLogger(name)
-        if lg.level < logging.WARNING:
-            lg.setLevel(logging.WARNING)
-    return mlflow
-
-
-def _client(uri: str):
-    _mlflow()
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 # --------------------------------------------------------------------------------------- tracker
@@ -114,7 +73,7 @@ class Tracker:
         self._streams: dict[str, MetricsStream] = {}
         if not self.enabled:
             return
-        if _is_http(self.uri):
+        if is_http(self.uri):
             for k, v in HTTP_ENV_DEFAULTS.items():
                 os.environ.setdefault(k, v)
         try:
@@ -124,11 +83,11 @@ class Tracker:
                 raise
             self._go_offline(exc, "stage logging")   # mid-pipeline: the outputs matter more than their logs
             return
-        mlflow = _mlflow()
+        mlflow = import_mlflow()
         # also the process default, so later code using the fluent API (model logging) lands here too
         mlflow.set_tracking_uri(self.uri)
         mlflow.set_registry_uri(self.uri)
-        db = _sqlite_path(self.uri)
+        db = sqlite_path(self.uri)
         if db is not None:
             from mlm_core.locks import workdir_lock
             with workdir_lock(db.parent, f"{db.name}-create"):   # MLflow's migrations, once
@@ -146,7 +105,7 @@ class Tracker:
     @property
     def client(self):
         if self._c is None:
-            self._c = _client(self.uri)
+            self._c = mlflow_client(self.uri)
         return self._c
 
     @property
@@ -164,15 +123,15 @@ class Tracker:
     def _go_offline(self, exc: BaseException, what: str) -> None:
         if not self.offline:
             log.warning("MLflow at %s is unreachable (%s): %s skipped; the pipeline goes on and `mlm sync CONFIG` "
-                        "replays it later", redact(self.uri), _first_line(exc), what)
+                        "replays it later", redact(self.uri), first_line(exc), what)
         self.offline = True
-        _undelivered(self.uri)
+        note_undelivered(self.uri)
 
     def _guard(self, what: str, fn, *args, run: str | None = None, **kw):
         """Call ``fn``; a server that went away turns this tracker offline instead of failing the pipeline."""
         if not self.active:
             if self.enabled and run:
-                _undelivered(self.uri, run=run)
+                note_undelivered(self.uri, run=run)
             return None
         try:
             return fn(*args, **kw)
@@ -181,7 +140,7 @@ class Tracker:
                 raise
             self._go_offline(exc, what)
             if run:
-                _undelivered(self.uri, run=run)
+                note_undelivered(self.uri, run=run)
             return None
 
     def _ensure_experiment(self) -> str:
@@ -196,10 +155,10 @@ class Tracker:
                 try:
                     c.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
                 except MlflowException as exc:   # e.g. read-only permission on a shared server: only a view
-                    log.info("experiment %s: kind tag not set (%s)", self.experiment, _first_line(exc))
+                    log.info("experiment %s: kind tag not set (%s)", self.experiment, first_line(exc))
             return exp.experiment_id
         # an http server decides its own (proxied) artifact store; locally, keep artifacts in the workdir
-        location = None if _is_http(self.uri) else str(self.workdir / "mlartifacts")
+        location = None if is_http(self.uri) else str(self.workdir / "mlartifacts")
         try:
             return c.create_experiment(self.experiment, artifact_location=location,
                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
@@ -250,17 +209,17 @@ class Tracker:
         if left:
             log.warning("%d metric record(s) of run %s were not delivered to MLflow (they are in metrics.jsonl)",
                         left, run_id)
-            _undelivered(self.uri, records=left)
+            note_undelivered(self.uri, records=left)
             if s.down:
                 self._go_offline(ConnectionError("server down since the stream lost it"), "closing the run")
 
     def fail_stage(self, run_id: str | None, status: str = "FAILED", ended: float | None = None) -> None:
         if self.enabled and run_id is not None:
             self._close_stream(run_id)
-            self._guard("closing a failed run", self.client.set_terminated, run_id, status=_status(status),
-                        end_time=_ms(ended))
+            self._guard("closing a failed run", self.client.set_terminated, run_id, status=run_status(status),
+                        end_time=epoch_ms(ended))
             if not self.active:
-                self._journal(kind="stage", run_id=run_id, status=_status(status),
+                self._journal(kind="stage", run_id=run_id, status=run_status(status),
                               ended=ended if ended is not None else time.time())
 
     def log_history(self, run_id: str | None, records: list[dict], step_key: str = "step") -> int:
@@ -284,9 +243,9 @@ class Tracker:
         tags = {**run_context_tags(), **tags, "mlm.pid": str(os.getpid()), "mlm.host": socket.gethostname()}
         if parent:
             tags[MLFLOW_PARENT_RUN_ID] = parent
-        system = _system_tags(tags)
+        system = system_tags(tags)
         system.update({k: v for k, v in tags.items() if k.startswith("mlflow.source.git")})  # ours, not argv[0]'s
-        run = self.client.create_run(self._experiment_id, run_name=run_name, tags=system, start_time=_ms(started))
+        run = self.client.create_run(self._experiment_id, run_name=run_name, tags=system, start_time=epoch_ms(started))
         return run.info.run_id
 
     # -- pipeline (parent) run
@@ -311,15 +270,15 @@ class Tracker:
         """Close the parent run (``"FAILED"`` when the pipeline failed)."""
         if not self.enabled or self._parent is None:
             return None
-        self._guard("closing the pipeline run", self.client.set_terminated, self._parent, status=_status(status),
+        self._guard("closing the pipeline run", self.client.set_terminated, self._parent, status=run_status(status),
                     run="pipeline")
         if not self.active:     # the server never heard the end: `mlm sync` records it from the workdir's journal
-            self._journal(kind="pipeline", run_id=self._parent, status=_status(status), ended=time.time())
+            self._journal(kind="pipeline", run_id=self._parent, status=run_status(status), ended=time.time())
         self._parent = None
         return None
 
     def _journal(self, **entry) -> None:
-        from tasks.tracking_journal import record
+        from tasks.tracking.journal import record
         record(self.workdir, uri=redact(self.uri), experiment=self.experiment, **entry)
 
     # -- stage (nested) runs
@@ -345,10 +304,10 @@ class Tracker:
         if not self.enabled:
             return None
         self._close_stream(run_id)
-        status = _status(status)
+        status = run_status(status)
         done = None
         if not self.active:
-            _undelivered(self.uri, run=stage)
+            note_undelivered(self.uri, run=stage)
         else:
             done = self._guard(f"logging the {stage} run", self._log_stage, stage, fingerprint, cache_hit, params,
                                metrics, artifacts, artifact_dir, dicts, tables, inputs, tags, status, run_id,
@@ -372,7 +331,7 @@ class Tracker:
         else:
             tag_now = all_tags
         try:
-            self._log_batch(run_id, params=flatten_params(params), metrics=_numeric_metrics(metrics), tags=tag_now,
+            self._log_batch(run_id, params=flatten_params(params), metrics=numeric_metrics(metrics), tags=tag_now,
                             step=step)
             for name, d in (dicts or {}).items():
                 self.client.log_dict(run_id, d, name)
@@ -393,7 +352,7 @@ class Tracker:
             if not (isinstance(exc, Exception) and unreachable(exc)):
                 self.client.set_terminated(run_id, status="FAILED")
             raise
-        self.client.set_terminated(run_id, status=status, end_time=_ms(ended))
+        self.client.set_terminated(run_id, status=status, end_time=epoch_ms(ended))
         return run_id
 
     def set_stage_tags(self, run_id: str | None, tags: dict) -> None:
@@ -421,17 +380,13 @@ class Tracker:
 
     def run_url(self, run_id: str | None) -> str | None:
         """The UI link of a run on an http tracking server; None for SQLite (no UI is serving it)."""
-        if not self.enabled or not run_id or not _is_http(self.uri):
+        if not self.enabled or not run_id or not is_http(self.uri):
             return None
         return f"{redact(self.uri).rstrip('/')}/#/experiments/{self._experiment_id}/runs/{run_id}{UI_QUERY}"
 
 
 def _active_run_id() -> str | None:
     """A fluent ``mlflow.start_run`` run active in this thread, if any (used as parent)."""
-    run = _mlflow().active_run()
+    run = import_mlflow().active_run()
     return run.info.run_id if run is not None else None
 
-
-__all__ = ["Tracker", "TrackingError", "check_tracking_server", "resolve_tracking_uri", "server_healthy",
-           "flatten_params", "history_points", "delivery_report", "reset_delivery_report", "register_version",
-           "set_alias", "get_alias_version", "tag_version", "list_registered_models", "HTTP_ENV_DEFAULTS"]

@@ -2,7 +2,7 @@
 
 A run is found by its own identity, never by the config's current plan: its MLflow run id and its stage output's
 (stage, fingerprint). The outputs to reconcile are
-- those the workdir's journal (``tasks.tracking_journal``) names: every run that ended while the server was
+- those the workdir's journal (``tasks.tracking.journal``) names: every run that ended while the server was
   unreachable, whatever ``--set`` overrides it had;
 - those of RUNNING runs in the experiment whose process is gone (tags ``stage`` and ``fingerprint``);
 - the config's planned outputs that are complete (a run never created at all gets one, tagged ``synced``).
@@ -27,6 +27,10 @@ import time
 from pathlib import Path
 
 from mlm_core.errors import MlmError
+from tasks.tracking.journal import entry_key, pending, settle
+from tasks.tracking.tracker import Tracker
+from tasks.tracking.values import (MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, chunks, flatten_params,
+                                   history_points, tag_values)
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +86,6 @@ class _Replay:
         from mlflow.entities import Metric, Param, RunTag
 
         from tasks import publish
-        from tasks.tracking_values import (MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, chunks,
-                                           flatten_params, history_points, tag_values)
         run = self.c.get_run(run_id)
         have_params, have_tags, have_metrics = run.data.params, run.data.tags, run.data.metrics
         params = [Param(k, v) for k, v in flatten_params(_stage_params(art)).items() if k not in have_params]
@@ -130,8 +132,6 @@ def sync(lc) -> dict:
     """Replay the stored outputs' runs to the config's tracking server (see the module doc)."""
     from mlm_core import stages
     from mlm_core.store import StageStore
-    from tasks.tracking import Tracker
-    from tasks.tracking_journal import entry_key, pending, settle
 
     if not lc.config.tracking.enabled:
         raise MlmError("tracking.enabled is false in this config: there is no MLflow server to sync to")

@@ -1,12 +1,12 @@
 """``mlm status``, ``mlm verify`` and ``mlm stats``: what is stored for a config, whether it is intact, corpus
-statistics. Stdlib at import (``mlm --help`` stays instant); helpers from the shared leaf ``flows.cli_util``.
+statistics. Stdlib at import (``mlm --help`` stays instant); helpers from the shared leaf ``flows.cli.util``.
 """
 from __future__ import annotations
 
 import json
 import sys
 
-from flows.cli_util import fmt_bytes, load_args, prepare_env, run_cmd
+from flows.cli.util import fmt_bytes, load_args, prepare_env, run_cmd
 
 EXIT_CORRUPT = 1     # `mlm status` / `mlm verify`: a stored output does not match its manifest (README)
 
@@ -14,7 +14,7 @@ EXIT_CORRUPT = 1     # `mlm status` / `mlm verify`: a stored output does not mat
 def cmd_status(args) -> int:
     from mlm_core import stages
     from mlm_core.store import StageStore
-    from flows.cli_util import config_or_default
+    from flows.cli.util import config_or_default
     args.config = config_or_default(args.config, "mlm status")   # none given: ./mlm.yaml or the one configs/*.yaml
     lc = load_args(args)
     store = StageStore(lc.workdir)

@@ -1,6 +1,6 @@
-"""The CLI's shared leaf: helpers every ``flows/cli*.py`` command module uses (environment defaults, loading the
+"""The CLI's shared leaf: helpers every ``flows/cli/`` command module uses (environment defaults, loading the
 config of ``args``, the user's own ``mlm run`` command, byte sizes, tables, adopting `mlm serve`'s servers, the
-default config and the path check of ``config validate``). It imports no other ``flows.cli*`` module.
+default config and the path check of ``config validate``). It imports no other ``flows.cli`` module.
 
 Stdlib + ``mlm_core`` only (``mlm --help`` stays instant); errors are ``ConfigError`` (one ``error:`` line,
 exit code 2, no traceback), so the CLI's usual error path prints them.

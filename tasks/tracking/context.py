@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 GIT_COMMIT_TAG = "mlflow.source.git.commit"
 FLOW_RUN_ID_TAG = "prefect.flow_run_id"
 FLOW_RUN_URL_TAG = "prefect.flow_run_url"

@@ -60,7 +60,7 @@ def reset_delivery_report() -> None:
         _REPORT.update(uri=None, records=0, runs=[])
 
 
-def _undelivered(uri: str, records: int = 0, run: str | None = None) -> None:
+def note_undelivered(uri: str, records: int = 0, run: str | None = None) -> None:
     with _report_lock:
         _REPORT["uri"] = redact(uri)
         _REPORT["records"] += int(records)
@@ -137,13 +137,13 @@ class MetricsStream:
                     if not self.down:
                         self.down, self.down_since = True, time.monotonic()
                         log.warning("MLflow unreachable (%s): training continues; metrics stay in metrics.jsonl "
-                                    "and are sent when it is back", _first_line(exc))
+                                    "and are sent when it is back", first_line(exc))
                     self._next_probe = time.monotonic() + self.probe_every
                     if closing:
                         return
                     continue
                 log.warning("MLflow refused %d metric records (%s); they stay in metrics.jsonl",
-                            len(batch), _first_line(exc))
+                            len(batch), first_line(exc))
                 self.rejected += len(batch)
                 del self._pending[:len(batch)]
                 continue
@@ -169,7 +169,7 @@ class MetricsStream:
         return self.undelivered
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     from mlm_core.redact import redact
     text = str(exc).strip().splitlines()
     return redact(text[0][:200] if text else type(exc).__name__)

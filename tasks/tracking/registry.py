@@ -1,21 +1,17 @@
 """MLflow model registry helpers: register a run's model folder, move aliases, tag versions, list models.
 
-In: a ``Tracker`` or a tracking URI. Out: registered model versions and aliases. Split from
-``tasks.tracking`` (still re-exported there); mlflow is imported inside the functions.
+In: a ``Tracker`` or a tracking URI. Out: registered model versions and aliases (re-exported by
+``tasks.tracking``); mlflow is imported inside the functions.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tasks.tracking_values import tag_values
+from tasks.tracking.backend import mlflow_client
+from tasks.tracking.values import tag_values
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tasks.tracking import Tracker
-
-
-def _client(uri: str):
-    from tasks.tracking import _client as client
-    return client(uri)
+    from tasks.tracking.tracker import Tracker
 
 
 def _uri_of(tracker_or_uri: "Tracker | str") -> str:
@@ -28,7 +24,7 @@ def register_version(tracker_or_uri: "Tracker | str", name: str, run_id: str, ar
     pickle) as a new version of ``name``, creating the registered model if missing. Returns the version."""
     from mlflow.exceptions import MlflowException
 
-    c = _client(_uri_of(tracker_or_uri))
+    c = mlflow_client(_uri_of(tracker_or_uri))
     try:
         c.create_registered_model(name)
     except MlflowException as exc:
@@ -41,7 +37,7 @@ def register_version(tracker_or_uri: "Tracker | str", name: str, run_id: str, ar
 
 def set_alias(uri: "Tracker | str", name: str, alias: str, version: int) -> None:
     """Point ``name@alias`` at ``version`` (moves the alias if it was elsewhere)."""
-    _client(_uri_of(uri)).set_registered_model_alias(name, alias, str(version))
+    mlflow_client(_uri_of(uri)).set_registered_model_alias(name, alias, str(version))
 
 
 def get_alias_version(uri: "Tracker | str", name: str, alias: str) -> int | None:
@@ -49,7 +45,7 @@ def get_alias_version(uri: "Tracker | str", name: str, alias: str) -> int | None
     from mlflow.exceptions import MlflowException
 
     try:
-        mv = _client(_uri_of(uri)).get_model_version_by_alias(name, alias)
+        mv = mlflow_client(_uri_of(uri)).get_model_version_by_alias(name, alias)
     except MlflowException as exc:
         if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             return None
@@ -58,13 +54,13 @@ def get_alias_version(uri: "Tracker | str", name: str, alias: str) -> int | None
 
 
 def tag_version(uri: "Tracker | str", name: str, version: int, tags: dict) -> None:
-    c = _client(_uri_of(uri))
+    c = mlflow_client(_uri_of(uri))
     for k, v in tag_values(tags).items():
         c.set_model_version_tag(name, str(version), k, v)
 
 
 def list_registered_models(uri: "Tracker | str") -> list[str]:
-    c = _client(_uri_of(uri))
+    c = mlflow_client(_uri_of(uri))
     names: list[str] = []
     token = None
     while True:

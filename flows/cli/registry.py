@@ -12,7 +12,7 @@ from pathlib import Path
 
 def _uri(args) -> str:
     from mlm_core.errors import MlmError
-    from tasks.tracking import _sqlite_path, resolve_tracking_uri
+    from tasks.tracking import resolve_tracking_uri, sqlite_path
     uri = os.environ.get("MLM_TRACKING_URI")
     if args.config:
         from mlm_core.configio import load_config
@@ -22,17 +22,17 @@ def _uri(args) -> str:
         uri = f"sqlite:///{Path('.mlm').resolve()}/mlflow.db"
     if not uri:
         raise MlmError(f"mlm {args.command}: no model registry: pass --config CONFIG or set $MLM_TRACKING_URI")
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is not None and not db.is_file():
         raise MlmError(f"mlm {args.command}: no model registry at {db} (the database does not exist)")
     return uri
 
 
 def _client(args):
-    from flows.cli_util import prepare_env
+    from flows.cli.util import prepare_env
     prepare_env()
-    from tasks.tracking import _client
-    return _client(_uri(args))
+    from tasks.tracking import mlflow_client
+    return mlflow_client(_uri(args))
 
 
 def _version_tags(client, name: str, version: int) -> dict:

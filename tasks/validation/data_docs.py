@@ -1,5 +1,5 @@
-"""Plain helpers for the Great Expectations Data Docs pages ``tasks.validation`` renders (no GE import here:
-``tasks/validation.py`` stays the only module importing it)."""
+"""Plain helpers for the Great Expectations Data Docs pages ``tasks.validation.gx`` renders (no GE import here:
+``tasks/validation/gx.py`` stays the only module importing it)."""
 from __future__ import annotations
 
 import re

@@ -3,8 +3,8 @@
 In: plain Python values. Out: what ``MlflowClient.log_batch`` / ``log_inputs`` accept (``log_lineage`` sends the
 lineage records, retrying MLflow's dataset-insert race), cut to MLflow's
 limits, with secrets redacted (a tracking URI with credentials or a secret ``--set`` override would
-otherwise be stored as a param in clear). Split from ``tasks.tracking`` (which changes when the
-tracking protocol does; this changes when MLflow's limits or our value formats do).
+otherwise be stored as a param in clear). Apart from the tracker (which changes when the tracking protocol
+does; this changes when MLflow's limits or our value formats do).
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def _cut(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
-def _numeric_metrics(metrics: dict) -> dict[str, float]:
+def numeric_metrics(metrics: dict) -> dict[str, float]:
     out = {}
     for k, v in (metrics or {}).items():
         if isinstance(v, numbers.Real):  # bool, int, float, numpy scalars; NaN kept
@@ -123,7 +123,7 @@ def dataset_input(spec: dict):
     return DatasetInput(dataset=ds._to_mlflow_entity(), tags=tags)
 
 
-def _system_tags(tags: dict[str, str]) -> dict[str, str]:
+def system_tags(tags: dict[str, str]) -> dict[str, str]:
     """Add what ``mlflow.start_run`` would (user, source name/type, git commit) to the given tags."""
     try:
         from mlflow.tracking.context.registry import resolve_tags
@@ -154,12 +154,12 @@ def history_points(records: list[dict], step_key: str = "step", ts: int = 0, sta
 RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
 
 
-def _ms(t: float | None) -> int | None:
+def epoch_ms(t: float | None) -> int | None:
     """Epoch seconds -> MLflow's epoch milliseconds (None: MLflow uses now)."""
     return None if t is None else int(round(t * 1000))
 
 
-def _status(status: str) -> str:
+def run_status(status: str) -> str:
     s = str(status).upper()
     if s not in RUN_STATUSES:
         raise ValueError(f"run status must be one of {RUN_STATUSES}, got {status!r}")
