@@ -242,6 +242,21 @@ def test_caching_2x2_shares_upstream_and_nests_runs(tmp_path, prefect_harness, c
     # the report is built at the end and logged to the sweep's run
     import mlflow
     assert (work / "sweeps" / "s" / "report" / "report.md").is_file()
+    # ... from the real stored outputs (issue 22: not hand-made manifests): every variant's en.top1 mean and the
+    # paired difference equal what pyarrow reads from each run's evaluate/intrinsic.parquet, computed here
+    import pyarrow.parquet as pq
+    report = json.loads((work / "sweeps" / "s" / "report" / "report.json").read_text())
+    en = {}
+    for entry in stored["variants"]:
+        table = pq.read_table(StageStore(work).out_dir("evaluate", entry["config_fingerprints"]["evaluate"])
+                              / "intrinsic.parquet").to_pylist()
+        en[(entry["name"], entry["seed"])] = next(r["top1"] for r in table if r["lang"] == "en")
+    rows = {r["variant"]: r for r in report["tables"]["en.top1"]}
+    for v in ("token", "p30"):
+        assert rows[v]["n"] == 2 and rows[v]["mean"] == pytest.approx((en[(v, 0)] + en[(v, 1)]) / 2, abs=1e-12)
+    diffs = [en[("p30", s)] - en[("token", s)] for s in (0, 1)]
+    assert rows["p30"]["diff"]["mean"] == pytest.approx(sum(diffs) / 2, abs=1e-12)
+    assert rows["token"]["diff"] is None
     logged = {a.path for a in mlflow.MlflowClient().list_artifacts(stored["mlflow_run_id"], "report")}
     assert "report/report.md" in logged, logged
 
