@@ -136,8 +136,8 @@ def _tokenizer_inputs(lc: LoadedConfig):
 def _run_tokenizer(lc, upstream, out_dir):
     from mlm_core.tokenizer import run_tokenizer
     manifest = run_tokenizer(lc, upstream, out_dir)
-    if lc.config.tokenizer.pmi_vocab:       # PMI-masking's n-gram vocabulary (mlm_core.pmi, issue 13)
-        from mlm_core.pmi import build_vocabulary
+    if lc.config.tokenizer.pmi_vocab:       # PMI-masking's n-gram vocabulary (mlm_core.masking.pmi, issue 13)
+        from mlm_core.masking.pmi import build_vocabulary
         from mlm_core.tokenizer.stage import load_tokenizer
         tok = load_tokenizer(Path(out_dir))
         manifest["pmi"] = build_vocabulary(upstream["normalize"].path, lc.config.languages, tok,

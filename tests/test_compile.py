@@ -42,7 +42,7 @@ def pmi_vocab(shards):
     from tokenizers import Tokenizer
 
     from mlm_core.config_data import TokenizerConfig
-    from mlm_core.pmi import build_vocabulary, load_collocations
+    from mlm_core.masking.pmi import build_vocabulary, load_collocations
     from mlm_core.store import StageStore
     shard_art, tok_art = shards
     out = StageStore(shard_art.path.parent.parent).out_dir("tokenizer", shard_art.manifest["tokenizer_fingerprint"])

@@ -69,7 +69,7 @@ def hand_pmi(texts: list[str]) -> dict[str, float]:
 
 
 def test_pmi_values_equal_a_hand_computation(tmp_path):
-    from mlm_core.pmi import count_ngrams, pmi_scores
+    from mlm_core.masking.pmi import count_ngrams, pmi_scores
     write_docs(tmp_path, "en", TINY)
     counts, totals = count_ngrams(tmp_path / "docs" / "en.parquet", min_count=1)
     got = {r.ngram: r.pmi for r in pmi_scores(counts, totals).itertuples()}
@@ -84,7 +84,7 @@ def test_pmi_values_equal_a_hand_computation(tmp_path):
 
 
 def test_min_count_prunes_only_rare_ngrams(tmp_path):
-    from mlm_core.pmi import count_ngrams
+    from mlm_core.masking.pmi import count_ngrams
     write_docs(tmp_path, "en", TINY)
     counts, totals = count_ngrams(tmp_path / "docs" / "en.parquet", min_count=3)
     assert counts["new york"] == 4 and "york city" not in counts and totals[1] == 26
@@ -177,7 +177,7 @@ def _masker(strategy: str, tok, sp: dict, collocations=None, rate: float = 0.15)
 def test_planted_collocations_are_what_gets_masked(pmi_stage, one_torch_thread):
     import torch
 
-    from mlm_core.pmi import load_collocations
+    from mlm_core.masking.pmi import load_collocations
     out, manifest, docs = pmi_stage
     sp = {r: e["id"] for r, e in manifest["special_tokens"].items()}
     ids, ws, tok = _rows(out, docs, sp)
@@ -216,7 +216,7 @@ def test_selection_rate_within_half_a_point(density, one_torch_thread):
 
     from mlm_core.config import MaskingConfig
     from mlm_core.masking import Masker
-    from mlm_core.pmi_select import ngram_hashes
+    from mlm_core.masking.pmi_select import ngram_hashes
     ids, ws = _synthetic()
     cand = ids > 4
     grams = ngram_hashes(ids, cand, ws.bool(), 5)
@@ -236,11 +236,11 @@ def test_overlapping_occurrences_are_never_split(one_torch_thread):
     occurrence list the selection used, reconstructed from its outputs)."""
     import torch
 
-    from mlm_core.masking import Masker
-    from mlm_core.pmi_select import chain, take_occurrences, unit_hashes
+    from mlm_core.masking.pmi_select import chain, take_occurrences, unit_hashes
+    from mlm_core.masking.primitives import units
     ids, ws = _synthetic(b=64)
     cand = ids > 4
-    uidx, start = Masker._units(cand, ws.bool())
+    uidx, start = units(cand, ws.bool())
     w, valid, tok = unit_hashes(ids, cand, uidx, start)
     grams = chain(w, valid, 3)
     table = {m: torch.unique(grams[m][0][grams[m][1]]) for m in (2, 3)}
@@ -261,7 +261,7 @@ def test_overlapping_occurrences_are_never_split(one_torch_thread):
 def test_pmi_without_vocabulary_is_a_clear_error(tmp_path):
     from mlm_core.config import MaskingConfig
     from mlm_core.masking import Masker
-    from mlm_core.pmi import load_collocations
+    from mlm_core.masking.pmi import load_collocations
     with pytest.raises(ValueError, match="collocation vocabulary"):
         Masker(MaskingConfig(strategy="pmi"), 64, [0, 1, 2, 3, 4], 4)
     with pytest.raises(FileNotFoundError, match="tokenizer.pmi_vocab"):
@@ -294,7 +294,7 @@ def test_pipeline_pretrains_and_evaluates_with_pmi_masking(tmp_path, one_torch_t
 
 
 def test_counts_do_not_depend_on_the_memory_limit(tmp_path):
-    from mlm_core.pmi import count_ngrams
+    from mlm_core.masking.pmi import count_ngrams
     write_docs(tmp_path, "en", planted_corpus(3000, seed=1))
     path = tmp_path / "docs" / "en.parquet"
     assert count_ngrams(path, 5, memory_mb=128) == count_ngrams(path, 5, memory_mb=2048)

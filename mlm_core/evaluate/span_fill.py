@@ -12,7 +12,7 @@ token predicted at every position, scored the same way); and per held-out docume
 spans, exact model hits and exact baseline hits that ``span_documents.parquet`` stores for the report's
 hierarchical bootstrap.
 
-Spans (``choose_spans``): a word is a unit of ``mask_primitives.units`` (a word-start token and its
+Spans (``choose_spans``): a word is a unit of ``mlm_core.masking.primitives.units`` (a word-start token and its
 continuation tokens; specials are units of their own and never part of a span). Walking a row's words in order
 from a seeded offset in [0, SPAN_GAP), a span takes the next L words (L uniform in 2..4, drawn per span from a
 generator keyed by (seed, row)) when they are consecutive and in one document (never across [SEP]); then
@@ -40,7 +40,7 @@ def choose_spans(ids: np.ndarray, word_start: np.ndarray, segment: np.ndarray, s
     """[(start, end)) token ranges of one row's spans (module docstring), in order."""
     import torch
 
-    from mlm_core.mask_primitives import units
+    from mlm_core.masking.primitives import units
     ids = np.asarray(ids)
     cand = ~np.isin(ids, np.asarray(sorted(specials)))
     uidx, start = units(torch.from_numpy(cand)[None], torch.from_numpy(np.asarray(word_start, dtype=bool))[None])

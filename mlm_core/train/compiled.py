@@ -13,8 +13,9 @@ resume, are those of the eager path), padded to Nb and fed to the graph.
 
 Budget: Nb = rate_max x B x T + 5 sigma, rounded up to 32 (rate_max: the schedule's highest rate, the
 constant rate otherwise), with sigma^2 = p (1 - p) x B x T x u the variance of the selected count when
-units of u tokens are selected independently (u = 1 token, 2 for whole words, span_max for spans: upper
-bounds on the mean size-weighted unit length on real text). The head's rows are a large share of the step
+units of u tokens are selected independently (u: the strategy's ``budget_unit``, ``mlm_core.masking.strategies``:
+1 token, 2 for whole words, span_max for spans, 10 for PMI: upper bounds on the mean size-weighted unit length
+on real text). The head's rows are a large share of the step
 (a 30k-vocabulary projection), so the margin is a trade: at the default 32 x 128, 15 %, Nb = 736 rows
 for ~614 selected (8 sigma would be 832: +13 % head work every step). A micro-batch that still selects
 more (a normal tail of ~3e-7 per micro-batch for token masking: about once in 3M steps) runs on the next
@@ -50,7 +51,6 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-_UNIT = {"token": 1.0, "whole_word": 2.0, "pmi": 10.0}          # span: span_max (see the module docstring)
 _ROUND = 32
 _SIGMAS = 5.0
 # auto compiles a run of at least this many micro-batches: compiling costs ~30-60 s on a 2-core CPU (~1 min on
@@ -105,8 +105,9 @@ def max_rate(mcfg) -> float:
 def masked_budget(mcfg, batch: int, seq_len: int) -> int:
     """The fixed number of head rows per micro-batch (module docstring): covers the selected count with
     5 standard deviations of margin at the schedule's highest rate; never above batch x seq_len."""
+    from mlm_core.masking import strategy_class
     n, p = batch * seq_len, max_rate(mcfg)
-    u = float(mcfg.span_max) if mcfg.strategy == "span" else _UNIT[mcfg.strategy]
+    u = strategy_class(mcfg.strategy).budget_unit(mcfg)           # tokens per independently selected unit
     b = p * n + _SIGMAS * math.sqrt(p * (1.0 - p) * n * u)
     return min(n, int(math.ceil(b / _ROUND)) * _ROUND)
 

@@ -61,7 +61,7 @@ class Evaluator:
     def __init__(self, cfg: PretrainConfig, ds, masker_cls, vocab: int, specials: dict, seed: int, objective):
         from mlm_core.unigram import unigram_top
         fixed = objective.masking(cfg.masking.model_copy(update={"mode": "dynamic", "schedule": "constant"}))
-        from mlm_core.pmi import collocations_for          # strategy pmi: the tokenizer's n-gram vocabulary
+        from mlm_core.masking.pmi import collocations_for          # strategy pmi: the tokenizer's n-gram vocabulary
         masker = masker_cls(fixed, vocab, sorted(specials.values()), specials["mask"], seed, 1,
                             unk_id=specials.get("unk"), collocations=collocations_for(fixed, ds))
         langs = ds.languages("validation")

@@ -254,7 +254,7 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
     opt, sched = build_optimizer(model, cfg, fused_cpu=compiled)
     from mlm_core.shards import LanguageSampler
     sampler = LanguageSampler(data.rows_per_lang("train"), data.sampling_probs(), seed, rank, world_size)
-    from mlm_core.pmi import collocations_for
+    from mlm_core.masking.pmi import collocations_for
     masker = Masker(objective.masking(cfg.masking), vocab, sorted(specials.values()), specials["mask"], seed, cfg.steps,
                     unk_id=specials.get("unk"), collocations=collocations_for(cfg.masking, data))
     gens = {"mask": torch.Generator()}

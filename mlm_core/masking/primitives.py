@@ -3,8 +3,8 @@ bit layout of a position's hash, and word units.
 
 In: int64 tensors (a row's Weyl sequence), probabilities, candidate and word-start flags. Out: hashes, keys,
 unit indices. Bit-exact on every device (no float draws), so a static mask or a PMI selection is the same
-everywhere. A leaf: imported by ``mlm_core.masking`` (token / whole-word / span) and ``mlm_core.pmi_select``
-(PMI), which used to reach into each other's private names for these.
+everywhere. The leaf of the masking package: imported by ``masker`` (row keys, 80/10/10), ``strategies``
+(token / whole-word / span selection) and ``pmi_select`` (PMI).
 """
 from __future__ import annotations
 
@@ -69,6 +69,30 @@ def blend(x: torch.Tensor, where: torch.Tensor, value: torch.Tensor | int) -> to
     return x ^ ((x ^ value) & m)
 
 
+def weyl(offset: int, n: int) -> torch.Tensor:
+    """The Weyl increments of one stream on CPU: offset + i * golden (wrapping), i = 0..n-1."""
+    return torch.arange(n, dtype=torch.int64) * GOLDEN + offset
+
+
+def stream_hash(row_key: torch.Tensor, increments: torch.Tensor) -> torch.Tensor:
+    """[B, n] int64 hashes: splitmix64 over each row's Weyl sequence (state row_key + increments[i])."""
+    return mix(row_key[:, None] + increments[None, :])
+
+
+class DeviceConstants:
+    """Constant tensors built once on CPU and kept per (key, device)."""
+
+    def __init__(self):
+        self._by_key: dict[tuple, torch.Tensor] = {}
+
+    def get(self, key, device: torch.device, make) -> torch.Tensor:
+        """The tensor ``make()`` (a CPU tensor) on ``device``, built on the first call for ``key``."""
+        k = (key, device)
+        if k not in self._by_key:
+            self._by_key[k] = make().to(device)
+        return self._by_key[k]
+
+
 def units(cand: torch.Tensor, word_start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Unit (word) index per position and the unit-start flags. Every non-candidate is a unit of its own;
     a candidate starts a unit at a word start or right after a non-candidate (robust to bad word_start)."""
@@ -78,4 +102,6 @@ def units(cand: torch.Tensor, word_start: torch.Tensor) -> tuple[torch.Tensor, t
     return start.cumsum(1) - 1, start
 
 
-__all__ = ['ACT_BITS', 'ACT_SHIFT', 'GOLDEN', 'LOW32', 'MIX1', 'MIX2', 'RID_BITS', 'SEL_BITS', 'SPAN_BITS', 'STREAM_POS', 'STREAM_SPAN', 'U64', 'blend', 'i64', 'mix', 'mix_int', 'shr', 'threshold', 'units']
+__all__ = ["ACT_BITS", "ACT_SHIFT", "GOLDEN", "LOW32", "MIX1", "MIX2", "RID_BITS", "SEL_BITS", "SPAN_BITS",
+           "STREAM_POS", "STREAM_SPAN", "U64", "DeviceConstants", "blend", "i64", "mix", "mix_int", "shr",
+           "stream_hash", "threshold", "units", "weyl"]

@@ -1,9 +1,9 @@
 """The ``pmi`` masking strategy's selection (PMI-masking, Levine et al. 2021): whole collocations first, then
-single words, up to the budget p * candidates. The vocabulary comes from ``mlm_core.pmi``.
+single words, up to the budget p * candidates. The vocabulary comes from ``mlm_core.masking.pmi``.
 
-Matching is on word units (``mask_primitives.units``: a word-start token and its continuation tokens), so it needs no
+Matching is on word units (``primitives.units``: a word-start token and its continuation tokens), so it needs no
 text: a unit's hash mixes its token ids with their offsets in the word; an m-unit n-gram's hash chains its
-units' hashes. ``mlm_core.pmi.hash_phrases`` runs the same function on each vocabulary n-gram encoded as the
+units' hashes. ``pmi.hash_phrases`` runs the same function on each vocabulary n-gram encoded as the
 shards encode documents, so a collocation in a packed row hashes to its vocabulary entry (64-bit; a chance
 collision is ~1e-12 per lookup at a million entries).
 
@@ -15,7 +15,8 @@ Selection (per row, independent Bernoulli like the other strategies; N candidate
 taken occurrences, budget B = p * N): when C >= B each occurrence is kept with probability B / C and no single
 word is; else every occurrence is kept and each other word with probability (B - C) / (N - C). Either way
 E[selected tokens] = B exactly, and an occurrence is selected or not as a whole (one key, drawn at its first
-token), so a collocation is never split. The 80/10/10 replacement is then the Masker's, per token.
+token), so a collocation is never split. The 80/10/10 replacement is then the Masker's, per token
+(``strategies.PmiMasking`` calls ``select_pmi``).
 
 Cost (one CPU thread of this repo's busy 2-core box, 4 tables of 200k hashes): ~15 ms for 32 x 128 and
 ~0.25-0.35 s for 256 x 512 (whole-word ~25 ms, span ~55 ms there); every op also runs on CUDA (host syncs: one
@@ -26,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mlm_core import mask_primitives as mp
+from mlm_core.masking import primitives as mp
 
 _WORD_STREAM = mp.i64(0xA0761D6478BD642F)   # offsets a token's position in its word (wyhash constant)
 _PRIORITY = mp.i64(0xE7037ED1A0B428DB)      # re-mix constant of the overlap priority (wyhash)
@@ -66,7 +67,7 @@ def chain(w: torch.Tensor, valid: torch.Tensor, max_n: int) -> dict[int, tuple[t
 
 
 def ngram_hashes(ids, cand, word_start, max_n: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """``chain`` over the word units of a batch (what ``mlm_core.pmi.hash_phrases`` stores)."""
+    """``chain`` over the word units of a batch (what ``pmi.hash_phrases`` stores)."""
     uidx, start = mp.units(cand, word_start)
     w, valid, _ = unit_hashes(ids.to(torch.int64), cand, uidx, start)
     return chain(w, valid, max_n)

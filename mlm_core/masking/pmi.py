@@ -152,7 +152,7 @@ def hash_phrases(tok, phrases: list[str]) -> tuple[list[int | None], list[int]]:
     ``shards.encode``, the same code), and its unit count; None for a phrase of more than MAX_N units."""
     import torch
 
-    from mlm_core.pmi_select import ngram_hashes
+    from mlm_core.masking.pmi_select import ngram_hashes
     from mlm_core.shards.encode import encode_texts, prepare_tokenizer
     if not phrases:
         return [], []
@@ -228,7 +228,8 @@ def load_collocations(folder: Path) -> dict[int, "torch.Tensor"]:  # noqa: F821
 def collocations_for(mcfg, data) -> dict | None:
     """The collocation table for ``pretrain.masking`` (None unless strategy 'pmi'): from the tokenizer output
     that encoded the shard set ``data`` (a ShardDataset: <workdir>/shards/<fp> -> <workdir>/tokenizer/<fp>)."""
-    if mcfg.strategy != "pmi":
+    from mlm_core.masking.strategies import strategy_class
+    if not strategy_class(mcfg.strategy).needs_collocations:
         return None
     from mlm_core.store import StageStore
     fp = data.manifest.get("tokenizer_fingerprint")
