@@ -31,7 +31,7 @@ def served(postgres, tmp_path_factory):
 
 def _query(url: str, dbname: str, sql: str) -> list[tuple]:
     import psycopg2
-    from flows.servedb import parse_db
+    from flows.serve.db import parse_db
     db = parse_db(url)
     with psycopg2.connect(dbname=dbname, user=db.user, host=db.host, port=db.port) as conn, conn.cursor() as cur:
         cur.execute(sql)

@@ -58,7 +58,7 @@ def clean_env(monkeypatch):
 
 
 def test_cli_uses_the_served_store_when_it_answers(tmp_path, fake_server, clean_env):
-    from flows.served import adopt_servers
+    from flows.serve.state import adopt_servers
     wd = tmp_path / "work"
     _state(wd, fake_server, fake_server)
     used = adopt_servers(wd)
@@ -69,7 +69,7 @@ def test_cli_uses_the_served_store_when_it_answers(tmp_path, fake_server, clean_
 
 
 def test_cli_falls_back_when_the_servers_do_not_answer(tmp_path, clean_env):
-    from flows.served import adopt_servers
+    from flows.serve.state import adopt_servers
     wd = tmp_path / "work"
     _state(wd, _dead_url(), _dead_url())            # a stale file after a crash
     t0 = time.monotonic()
@@ -82,7 +82,7 @@ def test_cli_falls_back_when_the_servers_do_not_answer(tmp_path, clean_env):
 
 
 def test_explicit_settings_win_over_the_state_file(tmp_path, fake_server, clean_env):
-    from flows.served import adopt_servers
+    from flows.serve.state import adopt_servers
     wd = tmp_path / "work"
     _state(wd, fake_server, fake_server)
     clean_env.setenv("MLM_TRACKING_URI", "sqlite:////elsewhere/mlflow.db")

@@ -8,7 +8,7 @@ In: a workdir (``.mlm`` by default), ports, a host. Out, until Ctrl-C / SIGTERM:
   ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``: 10 s to start instead of ~38 s, and no orphaned huey
   consumers (STACK_NOTES section 2).
 
-``--db postgresql://USER@HOST:PORT/NAME`` puts both stores on PostgreSQL instead (``flows.servedb``: databases
+``--db postgresql://USER@HOST:PORT/NAME`` puts both stores on PostgreSQL instead (``flows.serve.db``: databases
 NAME_prefect and NAME_mlflow, checked and created before anything starts); ``--workers N`` starts N workers,
 each running one flow run at a time when N >= 2 (docs/SERVE.md).
 
@@ -27,6 +27,10 @@ send ``PREFECT_API_AUTH_STRING``) and MLflow's ``basic-auth`` app (admin user bo
 ``MLFLOW_AUTH_ADMIN_USERNAME``/``MLFLOW_AUTH_ADMIN_PASSWORD``, store and config in the workdir;
 clients send ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD``). ``--require-auth`` turns the same
 on for loopback. Nothing heavy is imported at module level (``mlm --help`` stays instant).
+
+The package: this module is the command (plan, start, watch, stop); ``auth`` reads the credentials (and keeps
+MLflow's secret key), ``db`` checks and creates the ``--db`` databases, ``banner`` is what it prints once up,
+``state`` is ``serve.json`` and ``adopt_servers`` (what ``mlm run`` reads); processes and HTTP in ``flows.procs``.
 """
 from __future__ import annotations
 
@@ -43,8 +47,8 @@ from flows.procs import (  # noqa: F401
     GRACE_S, LOOPBACK, REPO_ROOT, Child, ServeError, server_url, wait_until,
     free_port, http_get, http_post_json, port_free, stop_children,
 )
-from flows.serve_auth import AUTH_ENV, MIN_PASSWORD, read_credentials, secret_key  # noqa: F401
-from flows.served import STATE_FILE  # noqa: F401  (where `mlm serve` records itself; flows.served reads it)
+from flows.serve.auth import AUTH_ENV, MIN_PASSWORD, read_credentials, secret_key  # noqa: F401
+from flows.serve.state import STATE_FILE
 
 POOL = "mlm-process"
 WORKER_RESTART_S = 5.0                # a worker that exited is restarted after this delay, doubling each time ..
@@ -71,7 +75,7 @@ class Plan:
     mlflow_port: int
     pool: str
     auth: str | None
-    db: "PgDatabase | None" = None      # --db: both stores on PostgreSQL (flows.servedb); None: SQLite
+    db: "PgDatabase | None" = None      # --db: both stores on PostgreSQL (flows.serve.db); None: SQLite
     workers: int = 1                    # --workers N: N Prefect workers (N >= 2: one flow run at a time each)
 
     @property
@@ -232,7 +236,7 @@ def _plan_from_args(args) -> Plan:
         raise ServeError(f"--workers {args.workers}: at least 1", 2)
     db = None
     if args.db:
-        from flows.servedb import parse_db
+        from flows.serve.db import parse_db
         db = parse_db(args.db)
     return Plan(workdir, args.host, args.prefect_port, args.mlflow_port, args.pool, use_auth, db, args.workers)
 
@@ -259,7 +263,7 @@ def serve(plan: Plan, timeout: float = 180.0, grace: float = GRACE_S) -> int:
             raise ServeError(f"port {port} on {plan.host} is already in use; it was wanted by {who}. "
                              "Stop whatever holds it or pick another port. Nothing was started.", 2)
     if plan.db is not None:         # before anything starts: a wrong URL is one clear error, nothing to stop
-        from flows.servedb import ensure_databases
+        from flows.serve.db import ensure_databases
         created = ensure_databases(plan.db)
         if created:
             print(f"mlm serve: created database(s) {', '.join(created)} on {plan.db.host}:{plan.db.port}", flush=True)
@@ -297,7 +301,7 @@ def serve(plan: Plan, timeout: float = 180.0, grace: float = GRACE_S) -> int:
         wait_until(f"the worker{'s' if plan.workers > 1 else ''} join pool {plan.pool}",
                     lambda: set(plan.worker_names) <= set(workers_online(plan)),
                     children, max(30.0, timeout - (time.monotonic() - t0)))
-        from flows.serve_banner import banner
+        from flows.serve.banner import banner
         print(banner(plan, time.monotonic() - t0), flush=True)
         restarts: dict[str, tuple[float, float]] = {}      # worker name -> (restart at, next delay)
         while True:

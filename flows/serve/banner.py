@@ -3,7 +3,7 @@ and what to run next. Stdlib only."""
 from __future__ import annotations
 
 from flows.procs import LOOPBACK, client_host
-from flows.served import STATE_FILE
+from flows.serve.state import STATE_FILE
 
 
 def banner(plan, seconds: float) -> str:
