@@ -172,7 +172,7 @@ def bench_ours(arch, data, device, dtype, compiled=False):
 def bench_hf(arch, data, device, dtype, compiled=False):
     from transformers import BertConfig, BertForMaskedLM
 
-    from mlm_core.model.export import hf_config
+    from mlm_core.model.hf_layout import hf_config
     ids, _, labels, attn = data
     config = BertConfig(**hf_config(arch), attn_implementation="sdpa")
     model = BertForMaskedLM(config).to(device)

@@ -32,7 +32,7 @@ class NotRecorded(MlmError):
 
 def served_database(workdir: Path, api: str) -> str | None:
     """``postgresql://user@host:port`` when ``api`` is the Prefect API of an ``mlm serve --db`` for ``workdir``."""
-    from flows.served import read_state
+    from flows.serve.state import read_state
     state = read_state(workdir) or {}
     store = str(state.get("mlflow_store") or "")
     if not store.startswith("postgres") or (state.get("api_url") or "").rstrip("/") != api.rstrip("/"):

@@ -398,7 +398,7 @@ def tiny_model_dir(tmp_path_factory):
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
     from mlm_core.model.encoder import MLMEncoder
-    from mlm_core.model.export import save_weights
+    from mlm_core.model.weights import save_weights
     from mlm_core.model.sizes import Arch
     folder = tmp_path_factory.mktemp("model")
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))

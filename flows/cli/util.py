@@ -90,7 +90,7 @@ def print_rows(rows: list[dict]) -> None:
 
 
 def adopt_servers_for(lc) -> None:
-    from flows.served import adopt_servers
+    from flows.serve.state import adopt_servers
     used = adopt_servers(lc.workdir, tracking_uri_set=bool(lc.config.tracking.uri) or not lc.config.tracking.enabled)
     if used:
         print(f"mlm: logging to the servers of `mlm serve` ({', '.join(used)})", file=sys.stderr)

@@ -23,12 +23,10 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from mlm_core.model.encoder import MLMEncoder
-from mlm_core.model.hf_layout import (electra_config, encoder_from_hf, encoder_to_hf, hf_config,  # noqa: F401
-                                     mlm_from_hf, mlm_to_hf)
+from mlm_core.model.hf_layout import electra_config, hf_config, mlm_to_hf
 from mlm_core.model.hf_modernbert import modernbert_config, modernbert_to_hf
-from mlm_core.model.pretrained import load_export  # noqa: F401 (its old path: reading back lives in pretrained)
 from mlm_core.model.sizes import Arch
-from mlm_core.model.weights import ExportError, load_weights, read_arch, save_weights  # noqa: F401 (their old path)
+from mlm_core.model.weights import ExportError
 
 SPECIAL_KEYS = ("pad", "unk", "cls", "sep", "mask")
 
@@ -54,10 +52,6 @@ def check_exportable(arch: Arch) -> None:
     if why:
         raise ExportError(f"this model ({' / '.join(why)}) has no matching transformers architecture: refusing to "
                           "export something that would load wrong; the model is saved as safetensors only")
-
-
-# the name maps and config.json of every family live in hf_layout (shared with the import); the old names stay
-to_hf_state_dict, from_hf_state_dict = mlm_to_hf, mlm_from_hf
 
 
 def write_tokenizer_files(out_dir: Path, tokenizer_file: Path, special_tokens: dict[str, dict],
