@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+from mlm_core.artifacts import StageArtifact, parse
 from mlm_core.errors import StageError
 
 log = logging.getLogger(__name__)
@@ -226,6 +227,10 @@ class Artifact:
     def size_bytes(self) -> int:
         return sum(f["bytes"] for f in self.manifest.get("files", {}).values())
 
+    def typed(self) -> StageArtifact:
+        """This output as its stage's type (``mlm_core.artifacts``); ManifestError names a missing key."""
+        return parse(self.stage, self.path, self.manifest)
+
 
 class StageStore:
     def __init__(self, workdir: Path):
@@ -250,6 +255,10 @@ class StageStore:
             if not rep.ok:
                 raise CorruptOutputError(rep)
         return Artifact(stage, fp, d, manifest)
+
+    def load_typed(self, stage: str, fp: str, verify: VerifyPolicy | None = None) -> StageArtifact:
+        """``load`` as the stage's typed artifact (``mlm_core.artifacts.ARTIFACT_TYPES``)."""
+        return self.load(stage, fp, verify).typed()
 
     def verify(self, stage: str, fp: str, policy: VerifyPolicy = "always") -> VerifyReport:
         """Report (never raise) on a complete output: every file that does not match its manifest."""

@@ -80,7 +80,7 @@ MAX_CIRCLES = 2
 # above mlm_core; inside mlm_core: leaves < the store < stage packages < the stage graph < sweep/report/compare.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core leaves", (
-        r"mlm_core$", r"mlm_core\.(errors|effects|languages|config|config_\w+|configio|redact|textcheck|sampling"
+        r"mlm_core$", r"mlm_core\.(artifacts|errors|effects|languages|config|config_\w+|configio|redact|textcheck|sampling"
         r"|figures|unigram|tensorfile|pathcheck|gates|progress|external|reproducible|commands)$",
         r"mlm_core\.demo(\..*)?$")),
     ("core store", (r"mlm_core\.(store|locks|partitions)$",)),

@@ -57,13 +57,13 @@ def _sweep(tmp_path, variants=("mlm", "electra")):
             fp = f"{v}{s}"
             entries.append({"name": v, "seed": s, "config_fingerprints": {"pretrain": "p" + fp, "evaluate": "e" + fp},
                             "status": "done"})
-            _write(wd, "pretrain", "p" + fp, {"metrics": {}})
+            _write(wd, "pretrain", "p" + fp, {"objective": v, "arch": {}, "steps": 0, "tokens": 0, "metrics": {}})
             m = {f"{lg}.top1": 0.3 + 0.01 * s for lg in LANGS} | {f"{lg}.baseline_top1": 0.05 for lg in LANGS}
             if v == "electra":
                 for i, lg in enumerate(LANGS):
                     r = _rtd(s, i)
                     m |= {f"{lg}.rtd_acc": r["acc"], f"{lg}.rtd_baseline_acc": r["base"], f"{lg}.rtd_auc": r["auc"]}
-            _write(wd, "evaluate", "e" + fp, {"metrics": m})
+            _write(wd, "evaluate", "e" + fp, {"metrics": m, "languages": {}})
     sweep = wd / "sweeps" / "e"
     sweep.mkdir(parents=True)
     plan = {"name": "e", "baseline": "mlm", "metrics": ["top1", "rtd_acc", "rtd_auc"], "variants": entries}

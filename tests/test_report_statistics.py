@@ -188,11 +188,11 @@ def _verdict_sweep(tmp_path, primary=True):
             fp = f"{v}{s}"
             entries.append({"name": v, "seed": s, "config_fingerprints": {"pretrain": "p" + fp, "evaluate": "e" + fp},
                             "status": "done"})
-            _write(wd, "pretrain", "p" + fp, {"metrics": {}})
+            _write(wd, "pretrain", "p" + fp, {"objective": v, "arch": {}, "steps": 0, "tokens": 0, "metrics": {}})
             top = {lg: 0.2 + 0.01 * s + 0.05 * i + shifts[s] for i, lg in enumerate(("en", "fr"))}
             m = {f"{lg}.top1": t for lg, t in top.items()} | {f"{lg}.baseline_top1": 0.05 for lg in top}
             m |= {"upos.fr.score": 0.5 + shifts[s], "upos.fr.untrained_score": 0.45}
-            _write(wd, "evaluate", "e" + fp, {"metrics": m, "transfer": [
+            _write(wd, "evaluate", "e" + fp, {"metrics": m, "languages": {}, "transfer": [
                 {"task": "upos", "lang": "fr", "score": 0.5 + shifts[s], "untrained_score": 0.45}]})
     sweep = wd / "sweeps" / "v"
     sweep.mkdir(parents=True)

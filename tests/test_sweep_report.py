@@ -75,7 +75,8 @@ def _write(workdir, stage, fp, manifest, files=None):
 def _store(tmp_path, skip=()):
     """A workdir holding the outputs a 2-variant x 3-seed sweep would leave; ``skip``: (variant, seed, stage)."""
     wd = tmp_path / "wd"
-    _write(wd, "shards", "sh", {"languages": {lg: {"tokens_train": n} for lg, n in LANGS.items()}})
+    _write(wd, "shards", "sh", {"languages": {lg: {"tokens_train": n} for lg, n in LANGS.items()}, "seq_len": 32,
+                                "vocab_size": 100, "special_tokens": {}, "sampling": {}, "shards": []})
     variants = []
     for v, tops in TOP1.items():
         for seed, top in enumerate(tops):
@@ -87,7 +88,7 @@ def _store(tmp_path, skip=()):
                 curve = "".join(json.dumps({"type": "eval", "step": s, "en.val_loss": 6 - s / 100 - top,
                                             "fr.val_loss": 6.5 - s / 100}) + "\n" for s in (100, 200))
                 curve += json.dumps({"type": "train", "step": 200, "masking_rate": 0.15, "loss": 5.0}) + "\n"
-                _write(wd, "pretrain", "p" + fp, {"arch": ARCH, "steps": 200, "tokens": 200 * 8 * 32,
+                _write(wd, "pretrain", "p" + fp, {"objective": v, "arch": ARCH, "steps": 200, "tokens": 200 * 8 * 32,
                                                   "config": {"pretrain": {"batch_size": 8}},
                                                   "metrics": {"final_loss": 5.0 - top}}, {"metrics.jsonl": curve})
             if (v, seed, "evaluate") not in skip:
@@ -96,10 +97,10 @@ def _store(tmp_path, skip=()):
                 m |= {f"upos.{lg}.score": top / 2 for lg in ("fr", "de")}
                 transfer = [{"task": "upos", "lang": lg, "score": top / 2, "source_score": 0.9} for lg in ("fr", "de")]
                 transfer.append({"task": "upos", "lang": "en", "score": 0.9, "source_score": 0.9})   # the source
-                _write(wd, "evaluate", "e" + fp, {"metrics": m, "transfer": transfer,
+                _write(wd, "evaluate", "e" + fp, {"metrics": m, "transfer": transfer, "languages": {},
                                                   "config": {"evaluate": {"upos": {"source_lang": "en"}}}})
             if (v, seed, "audit") not in skip:
-                _write(wd, "audit", "a" + fp, {"metrics": {"en.crows_score": 50 + 10 * top}})
+                _write(wd, "audit", "a" + fp, {"metrics": {"en.crows_score": 50 + 10 * top}, "crows": []})
     sweep = wd / "sweeps" / "demo-sweep"
     sweep.mkdir(parents=True)
     plan = {"name": "demo-sweep", "baseline": "mlm", "metrics": ["en.top1", "upos.*.score", "small3.top1",

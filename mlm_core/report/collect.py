@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlm_core.artifacts import Evaluation, PretrainedModel, ShardSet
 from mlm_core.errors import MlmError
 
 RUN_STAGES = ("pretrain", "evaluate", "audit")
@@ -111,7 +112,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def model_flops_per_token(arch: dict, seq_len: int, rate: float) -> float | None:
-    """flops_per_token of the stored architecture (``manifest['arch']``), built on the meta device."""
+    """flops_per_token of the stored architecture (``PretrainedModel.arch``), built on the meta device."""
     import torch
 
     from mlm_core.model.sizes import Arch
@@ -128,17 +129,17 @@ def model_flops_per_token(arch: dict, seq_len: int, rate: float) -> float | None
         return None
 
 
-def _curve(pre_dir: Path, manifest: dict) -> list[tuple[float, float]]:
-    recs = _read_jsonl(pre_dir / "metrics.jsonl")
-    steps, tokens = int(manifest.get("steps") or 0), int(manifest.get("tokens") or 0)
+def _curve(pre: PretrainedModel) -> list[tuple[float, float]]:
+    recs = _read_jsonl(Path(pre.path) / "metrics.jsonl")
+    steps, tokens = int(pre.steps or 0), int(pre.tokens or 0)
     if not steps or not tokens:
         return []
     per_step = tokens / steps
     rates = [r["masking_rate"] for r in recs if r.get("type") == "train" and r.get("masking_rate") is not None]
     rate = sum(rates) / len(rates) if rates else 0.15
-    rows = int(manifest.get("arch", {}).get("max_positions", 0))
-    seq_len = int((manifest.get("config", {}).get("shards") or {}).get("seq_len") or 0) or _seq_len(manifest, rows)
-    fpt = model_flops_per_token(manifest.get("arch") or {}, seq_len, rate) if seq_len else None
+    rows = int(pre.arch.get("max_positions", 0))
+    seq_len = pre.seq_len() or _seq_len(pre, rows)
+    fpt = model_flops_per_token(pre.arch or {}, seq_len, rate) if seq_len else None
     out = []
     for r in recs:
         if r.get("type") != "eval":
@@ -150,22 +151,22 @@ def _curve(pre_dir: Path, manifest: dict) -> list[tuple[float, float]]:
     return out
 
 
-def _seq_len(manifest: dict, fallback: int) -> int:
-    p = (manifest.get("config") or {}).get("pretrain") or {}
+def _seq_len(pre: PretrainedModel, fallback: int) -> int:
+    p = (pre.config or {}).get("pretrain") or {}
     b, acc = p.get("batch_size"), p.get("grad_accum", 1)
     d = p.get("distributed") or {}
     world = d.get("nproc_per_node", 1) * d.get("nnodes", 1)
-    steps, tokens = manifest.get("steps"), manifest.get("tokens")
+    steps, tokens = pre.steps, pre.tokens
     if b and steps and tokens:
         return int(round(tokens / steps / (b * acc * world)))
     return fallback
 
 
-def _derived(ev: dict) -> dict:
+def _derived(ev: Evaluation) -> dict:
     out = {}
     by_task: dict[str, list] = {}
-    tasks_cfg = (ev.get("config") or {}).get("evaluate") or {}
-    for t in ev.get("transfer") or []:
+    tasks_cfg = ev.task_config()
+    for t in ev.transfer or []:
         task = t.get("task")
         if task is None:
             continue
@@ -342,26 +343,27 @@ def collect(sweep_dir: Path, plan: dict | None = None) -> tuple[dict, list[Run]]
         for stage in RUN_STAGES:
             fp = fps.get(stage)
             if fp and store.is_complete(stage, fp):
-                arts[stage] = store.load(stage, fp)
+                arts[stage] = store.load_typed(stage, fp)
             elif stage in REQUIRED or fp:
                 run.missing_stages.append(stage)
         if "pretrain" in arts:
-            pm = arts["pretrain"].manifest
-            run.metrics |= {f"pretrain.{k}": v for k, v in (pm.get("metrics") or {}).items()}
-            run.curve = _curve(arts["pretrain"].path, pm)
+            pre: PretrainedModel = arts["pretrain"]
+            run.metrics |= {f"pretrain.{k}": v for k, v in (pre.metrics or {}).items()}
+            run.curve = _curve(pre)
         if "evaluate" in arts:
-            em = arts["evaluate"].manifest
-            run.metrics |= dict(em.get("metrics") or {}) | _derived(em)
+            ev: Evaluation = arts["evaluate"]
+            run.metrics |= dict(ev.metrics or {}) | _derived(ev)
             run.metrics |= _rtd_controls(run.metrics)
             run.metrics |= _means(run.metrics)
-            run.evaluate_dir = Path(arts["evaluate"].path)
-            tasks_cfg = (em.get("config") or {}).get("evaluate") or {}
+            run.evaluate_dir = Path(ev.path)
+            tasks_cfg = ev.task_config()
             run.source_langs = {t: c.get("source_lang") for t, c in tasks_cfg.items()
                                 if isinstance(c, dict) and c.get("source_lang")}
         if "audit" in arts:
-            run.metrics |= dict(arts["audit"].manifest.get("metrics") or {})
+            run.metrics |= dict(arts["audit"].metrics or {})
         if fps.get("shards") and store.is_complete("shards", fps["shards"]):
-            langs = store.load("shards", fps["shards"]).manifest.get("languages") or {}
+            shards: ShardSet = store.load_typed("shards", fps["shards"])
+            langs = shards.languages or {}
             run.languages = {lg: int(v.get("tokens_train", 0)) for lg, v in langs.items()}
             run.metrics |= _groups(run.metrics, run.languages)
             if len(run.languages) >= 5:

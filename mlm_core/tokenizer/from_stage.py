@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from mlm_core.artifacts import tokenizer_manifest
 from mlm_core.store import Artifact
 from mlm_core.tokenizer.build import TOKENIZER_FILE
 from mlm_core.tokenizer.sample import corpus_counts, train_sample
@@ -69,8 +70,7 @@ def run_from(lc, norm: Artifact, out_dir: Path) -> dict:
 
     langs = heldout_stats(tok, sample.heldout, base.specials["unk"][1])
     scripts = vocab_scripts(tok, base.surface, [t for t, _ in base.specials.values()])
-    n_scripts = sum(scripts.values()) or 1
-    write_tables(out_dir, langs, scripts, n_scripts)
+    write_tables(out_dir, langs, scripts, sum(scripts.values()) or 1)
     limits = _limits(cfg, list(langs))
     table = fertility_table(langs, limits)
     over = [lang for lang, s in langs.items() if (fertility(s) or 0) > limits[lang]]
@@ -84,18 +84,7 @@ def run_from(lc, norm: Artifact, out_dir: Path) -> dict:
     source = {"ref": ref, "content_hash": content_hash(folder, cache_dir(lc), TOKENIZER_FILES), "files": base.files}
     if base.family:
         source["family"] = base.family
-    out = {
-        "algorithm": base.kind, "style": base.style,
-        "vocab_size_requested": base_size + cfg.extend, "vocab_size": actual,
-        "special_tokens": {role: {"token": t, "id": i} for role, (t, i) in base.specials.items()},
-        "lowercase": base.lowercase,
-        "sample": sample.summary(),
-        "languages": langs,
-        "vocab_scripts": {s: n / n_scripts for s, n in scripts.items()},
-        "counts": {"vocab_size": actual, "sample_bytes": sample.bytes, "sample_docs": sample.docs,
-                   "train_seconds": round(seconds, 3)},
-        "source": source,
-    }
-    if extension is not None:
-        out["extension"] = extension
-    return out
+    return tokenizer_manifest(algorithm=base.kind, style=base.style, vocab_size_requested=base_size + cfg.extend,
+                              vocab_size=actual, specials=base.specials, lowercase=base.lowercase, sample=sample,
+                              languages=langs, scripts=scripts, train_seconds=seconds, source=source,
+                              extension=extension)

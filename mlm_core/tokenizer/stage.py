@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from mlm_core.artifacts import tokenizer_manifest
 from mlm_core.store import MANIFEST, Artifact, sha256_file
 from mlm_core.tokenizer.build import SPECIALS, TOKENIZER_FILE, TokenizerError, TokenizerMismatch, special_ids, train
 from mlm_core.tokenizer.sample import corpus_counts, train_sample
@@ -58,25 +59,16 @@ def run_tokenizer(lc, upstream: dict, out_dir: Path) -> dict:
     specials = special_ids(cfg.special_tokens)
     langs = heldout_stats(tok, sample.heldout, specials["unk"][1])
     scripts = vocab_scripts(tok, cfg.algorithm, SPECIALS[cfg.special_tokens])
-    n_scripts = sum(scripts.values()) or 1
-    write_tables(out_dir, langs, scripts, n_scripts)
+    write_tables(out_dir, langs, scripts, sum(scripts.values()) or 1)
     log.info("tokenizer: vocab %d/%d in %.1f s; held-out %s", actual, cfg.vocab_size, train_seconds,
              {lang: round(s["tokens_per_char"] or 0, 3) for lang, s in langs.items()})
     if actual < cfg.vocab_size:   # not a warning: the corpus has no more pieces (a small corpus, like the demo's)
         log.info("tokenizer: %d tokens, fewer than the %d asked: the sample has no more pieces to merge; expected "
                  "for a small corpus (tokenizer.min_vocab_fraction=%g is the limit that fails the stage)",
                  actual, cfg.vocab_size, cfg.min_vocab_fraction)
-    return {
-        "algorithm": cfg.algorithm, "style": cfg.special_tokens,
-        "vocab_size_requested": cfg.vocab_size, "vocab_size": actual,
-        "special_tokens": {role: {"token": t, "id": i} for role, (t, i) in specials.items()},
-        "lowercase": cfg.lowercase,
-        "sample": sample.summary(),
-        "languages": langs,
-        "vocab_scripts": {s: n / n_scripts for s, n in scripts.items()},
-        "counts": {"vocab_size": actual, "sample_bytes": sample.bytes, "sample_docs": sample.docs,
-                   "train_seconds": round(train_seconds, 3)},
-    }
+    return tokenizer_manifest(algorithm=cfg.algorithm, style=cfg.special_tokens, vocab_size_requested=cfg.vocab_size,
+                              vocab_size=actual, specials=specials, lowercase=cfg.lowercase, sample=sample,
+                              languages=langs, scripts=scripts, train_seconds=train_seconds)
 
 
 def load_tokenizer(artifact_or_dir: Artifact | Path | str) -> Tokenizer:
