@@ -284,7 +284,7 @@ def test_generator_fraction_against_published_electra_shapes():
     from mlm_core.config import PretrainConfig
     from mlm_core.errors import StageError
     from mlm_core.model.sizes import Arch
-    from mlm_core.train.init_from import _check_generator_fraction
+    from mlm_core.train.init_from import check_generator_fraction
     base = dict(layers=12, vocab_size=30522, pad_id=0, max_positions=512, position="learned", norm="post",
                 dropout=0.1, tie_embeddings=True)
     disc = Arch(hidden=768, heads=12, ffn=3072, **base)
@@ -293,13 +293,13 @@ def test_generator_fraction_against_published_electra_shapes():
     def cfg(f):
         return PretrainConfig.model_validate({"objective": "electra", "electra": {"generator_fraction": f}})
     for f in (0.3333, 0.33333333):
-        _check_generator_fraction(cfg(f), pair, "ckpt")
+        check_generator_fraction(cfg(f), pair, "ckpt")
     with pytest.raises(StageError, match=r"= 0\.25 gives a generator of hidden 192, ffn 768, .* set it to 0\.3333"):
-        _check_generator_fraction(cfg(0.25), pair, "ckpt")
+        check_generator_fraction(cfg(0.25), pair, "ckpt")
     odd = SimpleNamespace(disc_arch=disc, arch=Arch(hidden=384, heads=12, ffn=3072, **base))
     with pytest.raises(StageError, match=r"remove it \(hidden and ffn are not the same fraction, 0\.5 and 1\)"):
-        _check_generator_fraction(cfg(0.5), odd, "ckpt")
-    _check_generator_fraction(PretrainConfig.model_validate({"objective": "electra"}), odd, "ckpt")  # unset
+        check_generator_fraction(cfg(0.5), odd, "ckpt")
+    check_generator_fraction(PretrainConfig.model_validate({"objective": "electra"}), odd, "ckpt")  # unset
 
 
 # ------------------------------------------------------------------------------------------------ bad inputs

@@ -176,12 +176,13 @@ def electra_loss(model, ids, seg, labels, label_smoothing: float, budget: int, n
 
 
 class CompiledForward:
-    """``objective.forward`` for training micro-batches of one shape, through a fixed-shape compiled graph."""
+    """``objective.forward`` for training micro-batches of one shape, through a fixed-shape compiled graph of the
+    objective's ``compiled_loss`` (``mlm_loss``, ``electra_loss``)."""
 
-    def __init__(self, kind: str, mcfg, batch: int, seq_len: int, device: torch.device | None = None):
-        self.kind, self.B, self.T = kind, batch, seq_len
+    def __init__(self, objective, mcfg, batch: int, seq_len: int, device: torch.device | None = None):
+        self.objective, self.B, self.T = objective, batch, seq_len
         self.first = masked_budget(mcfg, batch, seq_len)
-        fn = electra_loss if kind == "electra" else mlm_loss
+        fn = objective.compiled_loss()
         # fullgraph: a graph break is an error, not a silent slow path; dynamic=False: the shapes are fixed.
         # CPU: dropout through aten's vectorized bernoulli (fallback_random) - inductor's own per-element
         # Philox C++ loop cost ~0.24 s of a 1.5 s small-model step here; Triton's on CUDA is fast, so kept there
@@ -201,20 +202,16 @@ class CompiledForward:
             self.overflows += 1
             log.info("compiled step: %d selected positions exceed the budget %d; this micro-batch runs at %d",
                      n_sel, self.first, budget)
-        if self.kind == "electra":
-            noise = _gumbel_noise(model, n_sel, budget, sample_generator, ids.device)
-            if layer is not None:
-                mlm, disc, lh = self.fn(model, ids, seg, labels, float(label_smoothing), budget, noise, layer)
-                return {"loss": mlm, "disc_loss": disc, "n_predictions": n_sel, "layer_hidden": lh}
-            mlm, disc = self.fn(model, ids, seg, labels, float(label_smoothing), budget, noise)
-            return {"loss": mlm, "disc_loss": disc, "n_predictions": n_sel}
+        extra = self.objective.compiled_inputs(model, n_sel, budget, sample_generator, ids.device)
         if layer is not None:
-            loss, lh = self.fn(model, ids, seg, labels, float(label_smoothing), budget, layer)
-            return {"loss": loss, "n_predictions": n_sel, "layer_hidden": lh}
-        return {"loss": self.fn(model, ids, seg, labels, float(label_smoothing), budget), "n_predictions": n_sel}
+            *got, lh = self.fn(model, ids, seg, labels, float(label_smoothing), budget, *extra, layer)
+            return {**dict(zip(self.objective.compiled_outputs, got)), "n_predictions": n_sel, "layer_hidden": lh}
+        got = self.fn(model, ids, seg, labels, float(label_smoothing), budget, *extra)
+        got = got if isinstance(got, tuple) else (got,)
+        return {**dict(zip(self.objective.compiled_outputs, got)), "n_predictions": n_sel}
 
 
-def _gumbel_noise(model, n: int, budget: int, generator, device) -> torch.Tensor:
+def gumbel_noise(model, n: int, budget: int, generator, device) -> torch.Tensor:
     """The uniforms ``gumbel_sample`` draws for n rows (same call, same generator), padded to the budget."""
     V = model.disallowed.numel()
     u = torch.rand((n, V), generator=generator, device=device).clamp_(1e-9, 1 - 1e-9)
@@ -224,4 +221,4 @@ def _gumbel_noise(model, n: int, budget: int, generator, device) -> torch.Tensor
 
 
 __all__ = ["CompiledForward", "compile_support", "use_compile", "masked_budget", "budget_for", "mlm_loss",
-           "electra_loss"]
+           "electra_loss", "gumbel_noise"]

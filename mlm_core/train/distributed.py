@@ -49,6 +49,7 @@ from torch import nn
 
 from mlm_core.errors import StageError
 from mlm_core.train import signals
+from mlm_core.train.collective import all_reduce_sum  # noqa: F401 - also public here
 
 log = logging.getLogger(__name__)
 METRICS_PREFIX = "@@MLM_METRICS "
@@ -89,17 +90,6 @@ def setup(backend: str, device: torch.device, timeout_s: int) -> tuple[int, int,
 def teardown() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-
-
-def all_reduce_sum(t: torch.Tensor, world_size: int, device: torch.device) -> torch.Tensor:
-    """Sum a small tensor over ranks (identity for one process). Moves it to the collective's device."""
-    if world_size == 1:
-        return t
-    import torch.distributed as dist
-    dev = device if dist.get_backend() == "nccl" else torch.device("cpu")
-    x = t.to(dev).clone()
-    dist.all_reduce(x)
-    return x.to(t.device)
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:

@@ -94,7 +94,7 @@ class Evaluator:
     @torch.no_grad()
     def __call__(self, model: nn.Module, device: torch.device, precision: str) -> dict[str, dict]:
         from mlm_core.model.electra import rtd_summary
-        from mlm_core.train.loop import autocast
+        from mlm_core.train.step import autocast
         was = model.training
         model.eval()
         res = {}

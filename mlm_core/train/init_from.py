@@ -20,7 +20,7 @@ Objective x checkpoint:
   * mlm from BERT / RoBERTa / XLM-R / RoFormer / ModernBERT (or an ELECTRA generator alone): the MLM continues.
   * electra from an ELECTRA pair (discriminator + generator): the pair continues, with the checkpoint's
     generator; ``electra.generator_fraction`` set explicitly to a value that would not give that generator's
-    width (hidden and ffn) is an error naming both (``_check_generator_fraction``); left unset, it is ignored.
+    width (hidden and ffn) is an error naming both (``check_generator_fraction``); left unset, it is ignored.
   * electra from a BERT checkpoint: the checkpoint becomes the discriminator (its encoder; the MLM head is
     dropped, the replaced-token head is fresh) and a fresh generator, ``electra.generator_fraction`` of its
     width, shares its embeddings, as ELECTRA trains; the export is an ELECTRA pair. From RoBERTa / XLM-R it
@@ -76,7 +76,6 @@ def prepare(lc, shards, tok) -> InitSpec:
     _check_specials(p, shards.manifest["special_tokens"], tok, where)
     vocab, extension = _vocabulary(p, shards, tok, where)
     _check_objective(cfg, p, where)
-    _check_generator_fraction(cfg, p, where)
     dropout = cfg.model.dropout if "dropout" in cfg.model.model_fields_set else None
     return InitSpec(folder=str(folder), vocab_size=vocab, dropout=dropout, extension=extension)
 
@@ -115,21 +114,9 @@ def _vocabulary(p, shards, tok, where: str) -> tuple[int, str | None]:
 
 
 def _check_objective(cfg, p, where: str) -> None:
-    if cfg.objective == "mlm" and p.disc_arch is not None:
-        raise StageError(f"pretrain: {where} is an ELECTRA pair (discriminator + generator); objective mlm would "
-                         "continue only the small generator and drop the discriminator: set pretrain.objective: "
-                         "electra to continue the pair, or point pretrain.init_from at the generator folder alone")
-    if cfg.objective == "electra" and p.disc_arch is None:
-        if p.arch.modern:
-            raise StageError(f"pretrain: objective electra from {where} (modernbert): transformers has no ModernBERT "
-                             "ELECTRA layout, so the result could not be exported back; use objective mlm")
-        if p.family == "electra":
-            raise StageError(f"pretrain: {where} is an ELECTRA generator without its discriminator: objective "
-                             "electra needs the pair (see mlm_core.model.pretrained), or use objective mlm")
-        if p.arch.position_offset:
-            raise StageError(f"pretrain: objective electra from {where} ({p.family}): its positions start at "
-                             f"padding_idx + 1, which the ELECTRA layout cannot express (the result could not be "
-                             f"exported back); use objective mlm, or an ELECTRA or BERT checkpoint")
+    """Whether ``cfg.objective`` can continue the checkpoint ``p`` (the objective's ``check_init``)."""
+    from mlm_core.train.objectives import objective_for
+    objective_for(cfg).check_init(p, where)
 
 
 def _fraction_gives(disc, gen, fraction: float) -> tuple[int, int]:
@@ -141,12 +128,11 @@ def _fraction_gives(disc, gen, fraction: float) -> tuple[int, int]:
     return round_to(disc.hidden * fraction, multiple), max(8, int(round(disc.ffn * fraction)))
 
 
-def _check_generator_fraction(cfg, p, where: str) -> None:
-    """An ELECTRA pair continues with its own generator: an explicit ``electra.generator_fraction`` (the user's
-    statement of the generator's width, as in ``check_model_config``: set in the file or an override) must give
-    that width, else the run would silently train another generator than the config says."""
-    if cfg.objective != "electra" or p.disc_arch is None:
-        return      # BERT -> discriminator: the fraction sizes the fresh generator (build), as without init_from
+def check_generator_fraction(cfg, p, where: str) -> None:
+    """An ELECTRA pair ``p`` continues with its own generator (``Electra.check_init``): an explicit
+    ``electra.generator_fraction`` (the user's statement of the generator's width, as in ``check_model_config``:
+    set in the file or an override) must give that width, else the run would silently train another generator
+    than the config says. (From BERT the fraction sizes the fresh generator, as without init_from.)"""
     d, g = p.disc_arch, p.arch
     own = g.hidden / d.hidden
     if "generator_fraction" not in cfg.electra.model_fields_set:
@@ -214,7 +200,7 @@ def load(spec: InitSpec):
                                disc_state=grow(p.disc_state), vocab_size=spec.vocab_size)
 
 
-def _scaled(arch, fraction: float):
+def scaled_arch(arch, fraction: float):
     """The fresh generator's Arch: ``fraction`` of the discriminator's width (hidden rounded to a multiple of
     the head count, as ``mlm_core.model.sizes.resolve_arch`` scales it), same depth and head count."""
     heads = arch.heads
@@ -225,22 +211,9 @@ def _scaled(arch, fraction: float):
 
 def build(cfg, spec: InitSpec, special_ids: list[int] | None = None):
     """The model for ``cfg.objective`` holding the checkpoint's weights (see the module docstring)."""
-    from mlm_core.model.pretrained import build_electra, build_encoder
-    p = load(spec)
-    if cfg.objective == "mlm":
-        return build_encoder(p, spec.dropout)
-    if p.disc_arch is not None:
-        return build_electra(p, spec.dropout, special_ids)
-    from mlm_core.model.electra import ElectraModel
-    disc = dataclasses.replace(p.arch, family="electra",
-                               **({"dropout": spec.dropout} if spec.dropout is not None else {}))
-    model = ElectraModel(disc, _scaled(disc, cfg.electra.generator_fraction), special_ids)
-    enc = {k: v for k, v in p.state.items() if k not in HEAD_KEYS}
-    missing, unexpected = model.disc.load_state_dict(enc, strict=False)
-    if unexpected or any(not k.startswith("rtd_") for k in missing):
-        raise StageError(f"pretrain: {spec.folder}: its encoder does not fit an ELECTRA discriminator "
-                         f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
-    return model
+    from mlm_core.train.objectives import objective_for
+    return objective_for(cfg).build_init(load(spec), spec, special_ids)
 
 
-__all__ = ["InitSpec", "prepare", "build", "load", "grow_vocabulary", "FIELD"]
+__all__ = ["InitSpec", "prepare", "build", "load", "grow_vocabulary", "check_generator_fraction", "scaled_arch",
+           "HEAD_KEYS", "FIELD"]

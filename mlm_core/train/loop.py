@@ -1,5 +1,7 @@
-"""The pretraining loop: sample -> mask -> forward/backward (x grad_accum) -> clip -> AdamW step, with
-metrics, per-language validation, atomic checkpoints and exact resume.
+"""The pretraining loop: sample -> mask -> ``step.step`` (forward/backward x grad_accum -> clip -> AdamW step),
+with metrics, per-language validation, atomic checkpoints and exact resume. ``train()`` reads as its named
+steps: ``set_up``, ``restore``, ``start``, then per step ``step`` / ``advance`` / ``log_train`` / ``validate`` /
+``checkpoint`` / ``stop_if_signalled``, and ``finish``.
 
 In: a ``PretrainConfig``, a ``ShardDataset`` (train + validation rows, sampling table, special ids), a model
 from ``build_model`` and a working folder. Out: ``<out_dir>/metrics.jsonl`` (one JSON object per log /
@@ -17,11 +19,11 @@ resumes from a checkpoint holding no state for it (the world size grew) derives 
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -30,13 +32,13 @@ import torch
 from torch import nn
 
 from mlm_core.config import PretrainConfig, field_effect, trajectory_view
-from mlm_core.model.electra import ElectraModel  # noqa: F401 - re-exported (mlm_core.train.loop.ElectraModel)
 from mlm_core.progress import Progress, validation_summary
 from mlm_core.train import checkpoint as ckpt
 from mlm_core.train import plateau
 from mlm_core.train.evaluator import Evaluator, derive
-from mlm_core.train.objectives import objective_for, objective_of
+from mlm_core.train.objectives import Objective, objective_for, objective_of
 from mlm_core.train.optim import build_optimizer
+from mlm_core.train.step import Micro, StepOut, autocast, step
 
 log = logging.getLogger(__name__)
 PEAK_FLOPS = {"cpu": 175e9, "cuda": 989e12}      # defaults when cfg.peak_flops is unset (per process)
@@ -89,12 +91,6 @@ def resolve_device(cfg: PretrainConfig, local_rank: int = 0) -> torch.device:
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
-
-
-def autocast(device: torch.device, precision: str):
-    if device.type == "cuda" and precision in ("auto", "bf16"):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()                 # fp32 on CPU (bf16 matmul is far slower there)
 
 
 class Rows:
@@ -152,9 +148,8 @@ class Feed:
         self.B, self.device, self.nb = batch_size, device, device.type == "cuda"
         self.t_data = self.t_mask = self.rate = 0.0
 
-    def draw(self, step: int, n: int) -> list[tuple]:
-        """n x (input_ids, segment_ids, labels, predictions, non-pad tokens, bias-group masks or None) on the
-        device."""
+    def draw(self, step: int, n: int) -> list[Micro]:
+        """n masked micro-batches on the device (``step.Micro``)."""
         out = []
         for _ in range(n):
             t0 = time.perf_counter()
@@ -166,9 +161,9 @@ class Feed:
             self.t_data, self.t_mask, self.rate = self.t_data + t1 - t0, self.t_mask + time.perf_counter() - t1, m.rate
             seg = b["segment_ids"]
             gm = None if self.groups is None else self.groups(b["input_ids"], b["word_start"], li).to(self.device)
-            out.append((m.input_ids.to(self.device, non_blocking=self.nb), seg.to(self.device, non_blocking=self.nb),
-                        m.labels.to(self.device, non_blocking=self.nb), int(m.selected.sum()), int((seg != 0).sum()),
-                        gm))
+            out.append(Micro(m.input_ids.to(self.device, non_blocking=self.nb),
+                             seg.to(self.device, non_blocking=self.nb), m.labels.to(self.device, non_blocking=self.nb),
+                             int(m.selected.sum()), int((seg != 0).sum()), gm))
         return out
 
 
@@ -220,6 +215,83 @@ def _plateau_alarm(rec: dict, cfg: PretrainConfig, rank: int, checkpoint: Callab
         raise plateau.PlateauError(plateau.stop_message(rec), rec)
 
 
+# ------------------------------------------------------------------------------------------------ the run
+@dataclass(frozen=True)
+class TrainContext:
+    """The options of one ``train()`` call (see its docstring), fixed for the run."""
+    cfg: PretrainConfig
+    out_dir: Path                   # metrics.jsonl and checkpoints/
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    resume: bool = True             # from the newest complete checkpoint in out_dir/checkpoints
+    metrics_cb: Callable[[dict], None] | None = None
+    stop_after: int | None = None   # stop (with a checkpoint) after this step, before cfg.steps
+    heartbeat: Callable[[int], None] | None = None
+    show_progress: bool = True
+
+    @property
+    def ckpt_root(self) -> Path:
+        return self.out_dir / "checkpoints"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.out_dir / "metrics.jsonl"
+
+    @property
+    def end(self) -> int:
+        return min(self.cfg.steps, self.stop_after) if self.stop_after is not None else self.cfg.steps
+
+
+@dataclass(frozen=True)
+class Run:
+    """What ``set_up`` built, fixed from the first step to the last."""
+    ctx: TrainContext
+    device: torch.device
+    core: nn.Module                 # the model (what checkpoints and validation see)
+    model: nn.Module                # core, or its DDP / FSDP wrapper (what trains)
+    objective: Objective
+    arch: dict
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    sampler: object                 # shards.LanguageSampler
+    gens: dict[str, torch.Generator]
+    feed: Feed
+    evaluator: Evaluator
+    fp: str                         # train_fingerprint: written into every checkpoint
+    seq_len: int
+    step_tokens: int                # tokens of one optimizer step, all ranks
+
+    @property
+    def sample_gen(self) -> torch.Generator:
+        return self.gens.get("sample", self.gens["mask"])
+
+    def emit(self, rec: dict) -> None:
+        """Rank 0 appends a metrics record to metrics.jsonl and hands it to the caller's callback."""
+        if self.ctx.rank == 0:
+            _append_jsonl(self.ctx.metrics_path, rec)
+            if self.ctx.metrics_cb is not None:
+                self.ctx.metrics_cb(rec)
+
+
+@dataclass
+class State:
+    """What changes from step to step: the counters a checkpoint saves, the log window, the last judgements."""
+    win_sum: torch.Tensor           # the loss parts (objective.parts) summed since the last log record
+    win_n: int = 0                  # steps in win_sum (a checkpoint saves both: the logged mean resumes exactly)
+    step: int = 0
+    tokens: int = 0
+    found: tuple | None = None      # (path, meta) of the checkpoint resumed from
+    resumed: int | None = None      # its step
+    win_t0: float = 0.0             # throughput window (not saved)
+    win_steps: int = 0
+    final_loss: float | None = None
+    last_eval: dict = field(default_factory=dict)
+    plateau_rec: dict | None = None  # the plateau detector's last judgement (train.plateau)
+    last_ckpt: Path | None = None
+
+
 # ------------------------------------------------------------------------------------------------ the loop
 def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: int = 0, rank: int = 0,
           world_size: int = 1, local_rank: int = 0, resume: bool = True,
@@ -231,13 +303,36 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
 
     show_progress: rank 0 shows live progress (``mlm_core.progress``); a torchrun worker passes False (the
     launcher shows it from the forwarded records)."""
-    from mlm_core.masking import Masker
-    from mlm_core.train.distributed import all_reduce_sum, wrap_model
-    from mlm_core.train.signals import interrupted, should_stop
+    ctx = TrainContext(cfg, Path(out_dir), seed, rank, world_size, local_rank, resume, metrics_cb, stop_after,
+                       heartbeat, show_progress)
+    run = set_up(ctx, data, model, bias)    # device, objective, wrapped model, optimizer, feed, evaluator
+    state = restore(run)                    # the newest checkpoint, or a fresh start
+    with start(run, state) as bar:          # the progress line (closed also on an error)
+        while state.step < ctx.end:
+            micro = run.feed.draw(state.step, cfg.grad_accum)    # the whole step's masked micro-batches
+            out = step(run.model, run.objective, run.opt, run.sched, micro, cfg, device=run.device,
+                       world_size=world_size, sample_generator=run.sample_gen)
+            advance(run, state, out)
+            if state.step % cfg.log_every == 0 or state.step == ctx.end:
+                log_train(run, state, out)
+            if state.step % cfg.eval_every == 0 or state.step == cfg.steps:
+                validate(run, state, bar)
+            if state.step % cfg.checkpoint_every == 0 or state.step == ctx.end:
+                state.last_ckpt = checkpoint(run, state)
+            bar.update(state.step, loss=state.final_loss, tokens=state.tokens)
+            stop_if_signalled(run, state)
+    return finish(run, state)
 
-    out_dir, ckpt_root = Path(out_dir), Path(out_dir) / "checkpoints"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(cfg, local_rank)
+
+def set_up(ctx: TrainContext, data, model: nn.Module, bias) -> Run:
+    """The model on its device with its objective (special ids, bias term, compiled step), wrapped for DDP /
+    FSDP; the optimizer; the feed (sampler -> rows -> masker); the fixed validation batches."""
+    from mlm_core.masking import Masker
+    from mlm_core.train.distributed import wrap_model
+
+    cfg, rank, world_size = ctx.cfg, ctx.rank, ctx.world_size
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(cfg, ctx.local_rank)
     if cfg.precision == "bf16" and device.type == "cpu" and rank == 0:
         log.warning("precision bf16 requested on CPU: training in fp32 (bf16 autocast is used on CUDA only)")
     specials = {r: int(e["id"]) for r, e in data.manifest["special_tokens"].items()}
@@ -253,145 +348,142 @@ def train(cfg: PretrainConfig, data, model: nn.Module, out_dir: Path, *, seed: i
         log.info("pretrain: compiled training step %s (%s)", "on" if compiled else "off", why)
     opt, sched = build_optimizer(model, cfg, fused_cpu=compiled)
     from mlm_core.shards import LanguageSampler
-    sampler = LanguageSampler(data.rows_per_lang("train"), data.sampling_probs(), seed, rank, world_size)
+    sampler = LanguageSampler(data.rows_per_lang("train"), data.sampling_probs(), ctx.seed, rank, world_size)
     from mlm_core.masking.pmi import collocations_for
-    masker = Masker(objective.masking(cfg.masking), vocab, sorted(specials.values()), specials["mask"], seed, cfg.steps,
-                    unk_id=specials.get("unk"), collocations=collocations_for(cfg.masking, data))
+    masker = Masker(objective.masking(cfg.masking), vocab, sorted(specials.values()), specials["mask"], ctx.seed,
+                    cfg.steps, unk_id=specials.get("unk"), collocations=collocations_for(cfg.masking, data))
     gens = {"mask": torch.Generator()}
     if device.type == "cuda":
         gens["sample"] = torch.Generator(device=device)
-    sample_gen = gens.get("sample", gens["mask"])
     groups = None
     if bias_layer is not None:
         from mlm_core.bias.regularizer import GroupFinder
         groups = GroupFinder(bias, sampler.langs, sorted(specials.values()))
     feed = Feed(sampler, Rows(data, "train", sampler.langs), masker, gens["mask"], cfg.batch_size, device, groups)
-    fp = train_fingerprint(cfg, seed)
+    evaluator = Evaluator(cfg, data, Masker, vocab, specials, ctx.seed, objective)
+    return Run(ctx, device, core, model, objective, arch, opt, sched, sampler, gens, feed, evaluator,
+               train_fingerprint(cfg, ctx.seed), T, cfg.batch_size * T * cfg.grad_accum * world_size)
 
-    found = _latest(ckpt_root, rank) if resume else None
-    step, tokens, resumed = 0, 0, None
-    n_parts = len(objective.parts)
-    win_sum, win_n = torch.zeros(n_parts, dtype=torch.float64, device=device), 0   # loss parts summed since the last log
-    seed_streams(gens, seed, rank)                  # this rank's streams (overwritten by a checkpoint's own)
+
+def restore(run: Run) -> State:
+    """Seed this rank's streams, then load the newest complete checkpoint over them (model, optimizer, scheduler,
+    RNGs, sampler, counters, the cut log window); metrics.jsonl keeps only the records up to its step."""
+    ctx = run.ctx
+    found = _latest(ctx.ckpt_root, ctx.rank) if ctx.resume else None
+    n_parts = len(run.objective.parts)
+    state = State(win_sum=torch.zeros(n_parts, dtype=torch.float64, device=run.device), found=found)
+    seed_streams(run.gens, ctx.seed, ctx.rank)      # this rank's streams (overwritten by a checkpoint's own)
     if found:
-        st = _restore(found, arch, fp, rank, core=core, opt=opt, sched=sched, gens=gens, sampler=sampler, seed=seed)
-        step, tokens, resumed = int(st["step"]), int(st["tokens"]), int(st["step"])
+        st = _restore(found, run.arch, run.fp, ctx.rank, core=run.core, opt=run.opt, sched=run.sched,
+                      gens=run.gens, sampler=run.sampler, seed=ctx.seed)
+        state.step, state.tokens, state.resumed = int(st["step"]), int(st["tokens"]), int(st["step"])
         w = st.get("log_window") or {}
         if len(w.get("sum", ())) == n_parts:        # a window cut by the checkpoint: resume the mean exactly
-            win_sum, win_n = torch.tensor(w["sum"], dtype=torch.float64, device=device), int(w["steps"])
-    metrics_path = out_dir / "metrics.jsonl"
-    if rank == 0:
-        _truncate_metrics(metrics_path, resumed)
-
-    def emit(rec: dict) -> None:
-        if rank == 0:
-            _append_jsonl(metrics_path, rec)
-            if metrics_cb is not None:
-                metrics_cb(rec)
-
-    evaluator = Evaluator(cfg, data, Masker, vocab, specials, seed, objective)
-    peak = cfg.peak_flops or PEAK_FLOPS[device.type]
-    end = min(cfg.steps, stop_after) if stop_after is not None else cfg.steps
-    accum = cfg.grad_accum
-    step_tokens = cfg.batch_size * T * accum * world_size
-    # display only: nothing of it reaches metrics.jsonl or any other output
-    progress = Progress("pretrain", end, done=step, tokens=tokens, 
-                        enabled=None if show_progress and rank == 0 else False)
-    if found:                                       # said on the console, not only at INFO (issue 24 item 4)
-        progress.say(f"pretrain: resumed from step {resumed} of {end} ({found[0]})")
-    last_eval: dict = {}
-    plateau_rec = None                              # the plateau detector's last judgement (train.plateau)
-    final_loss = None
-    win_t0, win_steps = time.perf_counter(), 0
-    model.train()
-
-    def save(at: int) -> Path:
-        counters = {"tokens": tokens, "world_size": world_size,
-                    "log_window": {"sum": [float(x) for x in win_sum.tolist()], "steps": win_n}}
-        return ckpt.save_checkpoint(ckpt_root, at, model=core, optimizer=opt, scheduler=sched,
-                                    sampler_state=sampler.state_dict(), generators=gens, counters=counters,
-                                    arch=arch, config_fp=fp, keep=cfg.keep_checkpoints, rank=rank,
-                                    world_size=world_size)
-
-    last_ckpt = None
-    with progress:                                  # closes the status line, also on an error
-        while step < end:
-            # 1) draw and mask the whole step's micro-batches first: the global prediction counts
-            #    normalise the loss
-            micro = feed.draw(step, accum)
-            counts = torch.tensor([sum(x[3] for x in micro), sum(x[4] for x in micro)], dtype=torch.float64)
-            n_glob, m_glob = all_reduce_sum(counts, world_size, device).tolist()
-            # 2) forward/backward
-            lr = sched.get_last_lr()[0]
-            parts = torch.zeros(n_parts, dtype=torch.float64, device=device)   # objective.parts (this rank's share)
-            for i, (ids, seg, labels, n, m_real, gm) in enumerate(micro):
-                last = i == accum - 1 or not hasattr(model, "no_sync")
-                sync = contextlib.nullcontext() if last else model.no_sync()
-                with sync:
-                    with autocast(device, cfg.precision):
-                        out = objective.forward(model, ids, seg, labels, cfg.label_smoothing,
-                                                sample_generator=sample_gen, n_sel=n, layer=bias_layer)
-                    loss, logged = objective.step_loss(out, n, n_glob, m_real, m_glob, world_size)
-                    if gm is not None:          # pretrain.bias_regularizer
-                        loss, logged = objective.add_bias(out, gm, loss, logged)
-                    loss.backward()
-                parts += torch.stack([x.double() for x in logged]) / world_size
-            win_sum, win_n = win_sum + all_reduce_sum(parts, world_size, device), win_n + 1
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                   cfg.clip_norm if cfg.clip_norm else float("inf"))
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            step, tokens, win_steps = step + 1, tokens + step_tokens, win_steps + 1
-            if heartbeat is not None:
-                heartbeat(step)
-            # 3) log / eval / checkpoint
-            if step % cfg.log_every == 0 or step == end:
-                mean = (win_sum / max(win_n, 1)).tolist()     # the mean over the interval, not its last step
-                final_loss = mean[0]
-                dt = time.perf_counter() - win_t0
-                tps = win_steps * step_tokens / max(dt, 1e-9)
-                rate, t_data, t_mask = feed.rate, feed.t_data, feed.t_mask
-                fpt = core.flops_per_token(T, rate)
-                gn = gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm
-                rec = {"type": "train", "step": step, "loss": final_loss, "lr": lr, "masking_rate": rate,
-                       "tokens": tokens, "tokens_per_s": tps, "mfu": fpt * tps / (peak * world_size),
-                       "grad_norm": float(gn), "data_pct": 100 * t_data / max(dt, 1e-9),
-                       "masking_pct": 100 * t_mask / max(dt, 1e-9)}
-                if n_parts > 2:
-                    rec |= dict(zip(objective.parts[1:], mean[1:]))
-                if not math.isfinite(final_loss):
-                    raise FloatingPointError(f"pretrain: loss is {final_loss} at step {step}")
-                emit(rec)
-                win_t0, win_steps = time.perf_counter(), 0
-                win_sum, win_n = torch.zeros_like(win_sum), 0
-                feed.t_data = feed.t_mask = 0.0
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                last_eval = evaluator(core, device, cfg.precision)
-                judged = plateau.check(last_eval, step, cfg)     # pretrain.plateau (None before its share)
-                plateau_rec = judged or plateau_rec
-                emit({"type": "eval", "step": step, **{f"{lg}.val_{k}": v for lg, r in last_eval.items()
-                                                       for k, v in r.items() if k != "n"}, **plateau.fields(judged)})
-                progress.validation(*plateau.summary(validation_summary(last_eval, step), judged))
-                if judged and judged["fired"]:
-                    _plateau_alarm(judged, cfg, rank, lambda: save(step))
-            if step % cfg.checkpoint_every == 0 or step == end:
-                last_ckpt = save(step)
-            progress.update(step, loss=final_loss, tokens=tokens)
-            if step < end and should_stop(world_size, device):  # SIGTERM/SIGINT: checkpoint at this boundary, stop
-                raise interrupted(step, last_ckpt if step % cfg.checkpoint_every == 0 else save(step))
-    if last_ckpt is None and found:                 # resumed an already finished run: nothing trained now
-        last_ckpt = found[0]
-        final_loss = _last_train_loss(metrics_path) if rank == 0 else None
-        if step >= cfg.steps:
-            last_eval = evaluator(core, device, cfg.precision)
-            plateau_rec = plateau.check(last_eval, step, cfg)
-            if plateau_rec and plateau_rec["fired"]:
-                _plateau_alarm(plateau_rec, cfg, rank, lambda: last_ckpt)
-    return {"step": step, "tokens": tokens, "final_loss": final_loss, "eval": last_eval,
-            "baseline": {lg: r["baseline_acc"] for lg, r in last_eval.items()}, "unigram_top": evaluator.top,
-            "checkpoint": str(last_ckpt) if last_ckpt else None, "completed": step >= cfg.steps,
-            "resumed_from": resumed, "arch": arch, "config_fingerprint": fp, "plateau": plateau_rec}
+            state.win_sum = torch.tensor(w["sum"], dtype=torch.float64, device=run.device)
+            state.win_n = int(w["steps"])
+    if ctx.rank == 0:
+        _truncate_metrics(ctx.metrics_path, state.resumed)
+    return state
 
 
-__all__ = ["train", "build_model", "ElectraModel", "Evaluator", "resolve_device", "train_fingerprint", "PEAK_FLOPS"]
+def start(run: Run, state: State) -> Progress:
+    """The live progress line (display only: nothing of it reaches metrics.jsonl); the model in train mode."""
+    ctx = run.ctx
+    bar = Progress("pretrain", ctx.end, done=state.step, tokens=state.tokens,
+                   enabled=None if ctx.show_progress and ctx.rank == 0 else False)
+    if state.found:                                 # said on the console, not only at INFO (issue 24 item 4)
+        bar.say(f"pretrain: resumed from step {state.resumed} of {ctx.end} ({state.found[0]})")
+    state.win_t0, state.win_steps = time.perf_counter(), 0
+    run.model.train()
+    return bar
+
+
+def advance(run: Run, state: State, out: StepOut) -> None:
+    """Count the finished step: its loss parts into the log window, the step and token counters, the heartbeat."""
+    state.win_sum, state.win_n = state.win_sum + out.parts, state.win_n + 1
+    state.step, state.tokens, state.win_steps = state.step + 1, state.tokens + run.step_tokens, state.win_steps + 1
+    if run.ctx.heartbeat is not None:
+        run.ctx.heartbeat(state.step)
+
+
+def log_train(run: Run, state: State, out: StepOut) -> None:
+    """A "train" record: the loss (and its parts) averaged over the steps since the last record, throughput,
+    MFU, the gradient norm and where the time went; a non-finite loss stops the run."""
+    cfg, feed, world_size = run.ctx.cfg, run.feed, run.ctx.world_size
+    mean = (state.win_sum / max(state.win_n, 1)).tolist()     # the mean over the interval, not its last step
+    state.final_loss = mean[0]
+    dt = time.perf_counter() - state.win_t0
+    tps = state.win_steps * run.step_tokens / max(dt, 1e-9)
+    peak = cfg.peak_flops or PEAK_FLOPS[run.device.type]
+    fpt = run.core.flops_per_token(run.seq_len, feed.rate)
+    gn = out.grad_norm.full_tensor() if hasattr(out.grad_norm, "full_tensor") else out.grad_norm
+    rec = {"type": "train", "step": state.step, "loss": state.final_loss, "lr": out.lr, "masking_rate": feed.rate,
+           "tokens": state.tokens, "tokens_per_s": tps, "mfu": fpt * tps / (peak * world_size),
+           "grad_norm": float(gn), "data_pct": 100 * feed.t_data / max(dt, 1e-9),
+           "masking_pct": 100 * feed.t_mask / max(dt, 1e-9)}
+    if len(run.objective.parts) > 2:
+        rec |= dict(zip(run.objective.parts[1:], mean[1:]))
+    if not math.isfinite(state.final_loss):
+        raise FloatingPointError(f"pretrain: loss is {state.final_loss} at step {state.step}")
+    run.emit(rec)
+    state.win_t0, state.win_steps = time.perf_counter(), 0
+    state.win_sum, state.win_n = torch.zeros_like(state.win_sum), 0
+    feed.t_data = feed.t_mask = 0.0
+
+
+def validate(run: Run, state: State, bar: Progress) -> None:
+    """Score the fixed validation batches, judge a plateau (``train.plateau``), log an "eval" record; a plateau
+    that stops the run (pretrain.plateau.stop_on_plateau) checkpoints this step first."""
+    cfg = run.ctx.cfg
+    state.last_eval = run.evaluator(run.core, run.device, cfg.precision)
+    judged = plateau.check(state.last_eval, state.step, cfg)     # pretrain.plateau (None before its share)
+    state.plateau_rec = judged or state.plateau_rec
+    run.emit({"type": "eval", "step": state.step, **{f"{lg}.val_{k}": v for lg, r in state.last_eval.items()
+                                                     for k, v in r.items() if k != "n"}, **plateau.fields(judged)})
+    bar.validation(*plateau.summary(validation_summary(state.last_eval, state.step), judged))
+    if judged and judged["fired"]:
+        _plateau_alarm(judged, cfg, run.ctx.rank, lambda: checkpoint(run, state))
+
+
+def checkpoint(run: Run, state: State) -> Path:
+    """An atomic checkpoint of this step: model, optimizer, scheduler, sampler, RNG streams and counters."""
+    ctx = run.ctx
+    counters = {"tokens": state.tokens, "world_size": ctx.world_size,
+                "log_window": {"sum": [float(x) for x in state.win_sum.tolist()], "steps": state.win_n}}
+    return ckpt.save_checkpoint(ctx.ckpt_root, state.step, model=run.core, optimizer=run.opt, scheduler=run.sched,
+                                sampler_state=run.sampler.state_dict(), generators=run.gens, counters=counters,
+                                arch=run.arch, config_fp=run.fp, keep=ctx.cfg.keep_checkpoints, rank=ctx.rank,
+                                world_size=ctx.world_size)
+
+
+def stop_if_signalled(run: Run, state: State) -> None:
+    """SIGTERM / SIGINT (``signals``, the same answer on every rank): checkpoint at this boundary, then stop."""
+    from mlm_core.train.signals import interrupted, should_stop
+    ctx = run.ctx
+    if state.step < ctx.end and should_stop(ctx.world_size, run.device):
+        saved = state.last_ckpt if state.step % ctx.cfg.checkpoint_every == 0 else checkpoint(run, state)
+        raise interrupted(state.step, saved)
+
+
+def finish(run: Run, state: State) -> dict:
+    """The result dict; a resumed run that was already finished trained nothing now: its last logged loss,
+    a fresh validation and plateau judgement of the restored model."""
+    ctx = run.ctx
+    if state.last_ckpt is None and state.found:
+        state.last_ckpt = state.found[0]
+        state.final_loss = _last_train_loss(ctx.metrics_path) if ctx.rank == 0 else None
+        if state.step >= ctx.cfg.steps:
+            state.last_eval = run.evaluator(run.core, run.device, ctx.cfg.precision)
+            state.plateau_rec = plateau.check(state.last_eval, state.step, ctx.cfg)
+            if state.plateau_rec and state.plateau_rec["fired"]:
+                _plateau_alarm(state.plateau_rec, ctx.cfg, ctx.rank, lambda: state.last_ckpt)
+    last_eval, last_ckpt = state.last_eval, state.last_ckpt
+    return {"step": state.step, "tokens": state.tokens, "final_loss": state.final_loss, "eval": last_eval,
+            "baseline": {lg: r["baseline_acc"] for lg, r in last_eval.items()}, "unigram_top": run.evaluator.top,
+            "checkpoint": str(last_ckpt) if last_ckpt else None, "completed": state.step >= ctx.cfg.steps,
+            "resumed_from": state.resumed, "arch": run.arch, "config_fingerprint": run.fp,
+            "plateau": state.plateau_rec}
+
+
+__all__ = ["train", "step", "build_model", "Evaluator", "resolve_device", "train_fingerprint",
+           "PEAK_FLOPS", "TrainContext", "Run", "State", "autocast"]

@@ -1,9 +1,14 @@
-"""Training objectives behind one interface, so the loop and the evaluator never ask which model they hold.
+"""Training objectives behind one interface (``Objective``), so the loop, the evaluator, the compiled step,
+``init_from`` and the pretrain stage never ask which model they hold. ``OBJECTIVES`` (name -> class) is the one
+place ``pretrain.objective`` is dispatched on (``objective_for``); ``objective_of`` finds the objective of an
+already built model.
 
-An objective builds its model, says how the input is corrupted, runs a forward pass and turns it into
-the step's loss with the parts to log. ``MLM``: masked-language-model cross-entropy. ``Electra``: the
-generator's MLM loss + disc_weight x the discriminator's replaced-token BCE (Clark et al., 2020), the
-generator's input corrupted 85% [MASK] / 15% unchanged (see ``mlm_core.model.electra``).
+An objective builds its model (fresh, or from a ``pretrain.init_from`` checkpoint: ``check_init`` /
+``build_init``), writes and exports it (``save`` / ``export``), says how the input is corrupted, runs a forward
+pass (eager, or its compiled graph: ``compiled_loss``) and turns it into the step's loss with the parts to log.
+``MLM``: masked-language-model cross-entropy. ``Electra``: the generator's MLM loss + disc_weight x the
+discriminator's replaced-token BCE (Clark et al., 2020), the generator's input corrupted 85% [MASK] / 15%
+unchanged (see ``mlm_core.model.electra``).
 
 Loss normalisation (both): every micro-batch's mean loss is re-weighted by its share of the *global*
 batch's predictions (``n_glob`` selected positions for the MLM part, ``m_glob`` non-pad tokens for the
@@ -16,15 +21,56 @@ micro-batches, whatever W and k. It is logged unweighted as ``bias_reg``.
 """
 from __future__ import annotations
 
+from pathlib import Path
+from typing import ClassVar, Protocol
+
 import torch
 from torch import nn
 
 from mlm_core.config import PretrainConfig
 
 
+class Objective(Protocol):
+    """What the training code asks of an objective (``MLM``, ``Electra``); one instance per run."""
+
+    name: ClassVar[str]                 # the pretrain.objective value (the key in ``OBJECTIVES``)
+    parts: tuple[str, ...]              # the loss parts ``step_loss`` returns, total first
+    bias_layer: int | None
+
+    @classmethod
+    def holds(cls, core: nn.Module) -> bool: ...    # an already built model is this objective's
+    # -- models
+    def build(self, vocab_size: int, pad_id: int, special_ids: list[int] | None = None) -> nn.Module: ...
+    def check_init(self, p, where: str) -> None: ...            # pretrain.init_from: can it continue ``p``?
+    def build_init(self, p, spec, special_ids: list[int] | None = None) -> nn.Module: ...
+    def prepare(self, core: nn.Module, special_ids: list[int]) -> None: ...
+    def arch(self, core: nn.Module) -> dict: ...
+    def mlm_model(self, core: nn.Module) -> nn.Module: ...
+    def hidden_model(self, core: nn.Module) -> nn.Module: ...
+    # -- the step
+    def masking(self, mcfg): ...
+    def setup_compile(self, device: torch.device, world_size: int, seq_len: int) -> tuple[bool, str]: ...
+    def forward(self, model: nn.Module, ids, seg, labels, label_smoothing: float = 0.0,
+                sample_generator: torch.Generator | None = None, n_sel: int | None = None,
+                layer: int | None = None) -> dict: ...
+    def step_loss(self, out: dict, n: int, n_glob: float, m_real: int, m_glob: float,
+                  world_size: int) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
+    def enable_bias(self, core: nn.Module) -> int: ...
+    def add_bias(self, out: dict, masks: torch.Tensor, loss: torch.Tensor,
+                 logged: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
+    # -- the compiled step (``compiled.CompiledForward``)
+    compiled_outputs: ClassVar[tuple[str, ...]]
+    def compiled_loss(self): ...
+    def compiled_inputs(self, model: nn.Module, n_sel: int, budget: int, generator, device) -> tuple: ...
+    # -- the stage's output folder
+    def save(self, core: nn.Module, out_dir: Path) -> tuple[nn.Module, dict]: ...
+    def export(self, core: nn.Module, out_dir: Path, tokenizer_json: Path, specials: dict) -> tuple[str, dict]: ...
+
+
 class MLM:
     name = "mlm"
     parts = ("loss", "mlm_loss")            # what ``step_loss`` reports, in this order
+    compiled_outputs = ("loss",)            # what ``compiled_loss`` returns (before a bias layer's output)
 
     def __init__(self, cfg: PretrainConfig):
         self.cfg = cfg
@@ -37,16 +83,57 @@ class MLM:
         from mlm_core.train.compiled import CompiledForward, use_compile
         on, why = use_compile(self.cfg, device, world_size)
         if on:
-            self.compiled = CompiledForward(self.name, self.masking(self.cfg.masking), self.cfg.batch_size, seq_len,
+            self.compiled = CompiledForward(self, self.masking(self.cfg.masking), self.cfg.batch_size, seq_len,
                                             device)
         return on, why
 
     def _compiled(self, model, ids) -> bool:
         return self.compiled is not None and self.compiled.applies(model, ids)
 
+    @classmethod
+    def holds(cls, core: nn.Module) -> bool:
+        """Whether an already built model is this objective's (``objective_of``; MLM: the default)."""
+        return True
+
+    def compiled_loss(self):
+        """The function the compiled graph is made of (read from ``compiled`` when the graph is built)."""
+        from mlm_core.train import compiled
+        return compiled.mlm_loss
+
+    def compiled_inputs(self, model, n_sel: int, budget: int, generator, device) -> tuple:
+        """What ``compiled_loss`` takes after the budget (MLM: nothing)."""
+        return ()
+
     def build(self, vocab_size: int, pad_id: int, special_ids: list[int] | None = None) -> nn.Module:
         from mlm_core.model import MLMEncoder, resolve_arch
         return MLMEncoder(resolve_arch(self.cfg.model, vocab_size, pad_id))
+
+    def check_init(self, p, where: str) -> None:
+        """pretrain.init_from: a ``StageError`` when this objective cannot continue the checkpoint ``p``
+        (a ``model.pretrained.Pretrained``; ``where`` names it)."""
+        if p.disc_arch is not None:
+            from mlm_core.errors import StageError
+            raise StageError(f"pretrain: {where} is an ELECTRA pair (discriminator + generator); objective mlm would "
+                             "continue only the small generator and drop the discriminator: set pretrain.objective: "
+                             "electra to continue the pair, or point pretrain.init_from at the generator folder alone")
+
+    def build_init(self, p, spec, special_ids: list[int] | None = None) -> nn.Module:
+        """The model holding the checkpoint ``p``'s weights (``init_from.build``; ``spec``: its ``InitSpec``)."""
+        from mlm_core.model.pretrained import build_encoder
+        return build_encoder(p, spec.dropout)
+
+    def save(self, core: nn.Module, out_dir: Path) -> tuple[nn.Module, dict]:
+        """Write the weight files of the stage's folder: (the MLM network, the manifest's extra fields)."""
+        from mlm_core.model import save_weights
+        save_weights(core, Path(out_dir) / "model.safetensors")
+        return core, {}
+
+    def export(self, core: nn.Module, out_dir: Path, tokenizer_json: Path, specials: dict) -> tuple[str, dict]:
+        """The Hugging Face export: (its folder name, the manifest's extra fields); ``ExportError`` when the
+        architecture does not export."""
+        from mlm_core.model import export_hf
+        export_hf(core, Path(out_dir) / "hf", tokenizer_json, specials)
+        return "hf", {}
 
     def masking(self, mcfg):
         return mcfg
@@ -106,6 +193,74 @@ class MLM:
 class Electra(MLM):
     name = "electra"
     parts = ("loss", "mlm_loss", "disc_loss")
+    compiled_outputs = ("loss", "disc_loss")
+
+    @classmethod
+    def holds(cls, core: nn.Module) -> bool:
+        from mlm_core.model.electra import ElectraModel
+        return isinstance(core, ElectraModel)
+
+    def compiled_loss(self):
+        from mlm_core.train import compiled
+        return compiled.electra_loss
+
+    def compiled_inputs(self, model, n_sel: int, budget: int, generator, device) -> tuple:
+        """The generator's Gumbel noise, drawn eagerly (``compiled.gumbel_noise``)."""
+        from mlm_core.train.compiled import gumbel_noise
+        return (gumbel_noise(model, n_sel, budget, generator, device),)
+
+    def check_init(self, p, where: str) -> None:
+        """An ELECTRA pair continues (its generator's width against an explicit generator_fraction); a BERT
+        checkpoint becomes the discriminator; RoBERTa / XLM-R, ModernBERT and a lone generator are refused."""
+        from mlm_core.errors import StageError
+        if p.disc_arch is not None:
+            from mlm_core.train.init_from import check_generator_fraction
+            check_generator_fraction(self.cfg, p, where)
+            return
+        if p.arch.modern:
+            raise StageError(f"pretrain: objective electra from {where} (modernbert): transformers has no ModernBERT "
+                             "ELECTRA layout, so the result could not be exported back; use objective mlm")
+        if p.family == "electra":
+            raise StageError(f"pretrain: {where} is an ELECTRA generator without its discriminator: objective "
+                             "electra needs the pair (see mlm_core.model.pretrained), or use objective mlm")
+        if p.arch.position_offset:
+            raise StageError(f"pretrain: objective electra from {where} ({p.family}): its positions start at "
+                             f"padding_idx + 1, which the ELECTRA layout cannot express (the result could not be "
+                             f"exported back); use objective mlm, or an ELECTRA or BERT checkpoint")
+
+    def build_init(self, p, spec, special_ids: list[int] | None = None) -> nn.Module:
+        """A pair: the pair. BERT: its encoder becomes the discriminator (fresh replaced-token head) and a fresh
+        generator, ``electra.generator_fraction`` of its width, shares its embeddings."""
+        import dataclasses
+
+        from mlm_core.errors import StageError
+        from mlm_core.model.electra import ElectraModel
+        from mlm_core.model.pretrained import build_electra
+        from mlm_core.train.init_from import HEAD_KEYS, scaled_arch
+        if p.disc_arch is not None:
+            return build_electra(p, spec.dropout, special_ids)
+        disc = dataclasses.replace(p.arch, family="electra",
+                                   **({"dropout": spec.dropout} if spec.dropout is not None else {}))
+        model = ElectraModel(disc, scaled_arch(disc, self.cfg.electra.generator_fraction), special_ids)
+        enc = {k: v for k, v in p.state.items() if k not in HEAD_KEYS}
+        missing, unexpected = model.disc.load_state_dict(enc, strict=False)
+        if unexpected or any(not k.startswith("rtd_") for k in missing):
+            raise StageError(f"pretrain: {spec.folder}: its encoder does not fit an ELECTRA discriminator "
+                             f"(missing {missing[:4]}, unexpected {unexpected[:4]})")
+        return model
+
+    def save(self, core: nn.Module, out_dir: Path) -> tuple[nn.Module, dict]:
+        """model.safetensors: the generator (the MLM); discriminator.safetensors: the discriminator."""
+        from mlm_core.model import save_weights
+        save_weights(core.gen, Path(out_dir) / "model.safetensors")
+        save_weights(core.disc, Path(out_dir) / "discriminator.safetensors")
+        return core.gen, {"mlm_model": "generator", "discriminator": core.disc.arch.to_dict()}
+
+    def export(self, core: nn.Module, out_dir: Path, tokenizer_json: Path, specials: dict) -> tuple[str, dict]:
+        """``ElectraForMaskedLM`` (generator) + ``ElectraForPreTraining`` (discriminator) folders."""
+        from mlm_core.model.export_electra import DISCRIMINATOR_DIR, GENERATOR_DIR, export_electra
+        export_electra(core.gen, core.disc, Path(out_dir), tokenizer_json, specials)
+        return GENERATOR_DIR, {"export_discriminator": DISCRIMINATOR_DIR}
 
     def build(self, vocab_size: int, pad_id: int, special_ids: list[int] | None = None) -> nn.Module:
         from mlm_core.model import resolve_arch
@@ -148,16 +303,25 @@ class Electra(MLM):
         return loss, [loss.detach(), mlm.detach(), disc.detach()]
 
 
-def objective_for(cfg: PretrainConfig) -> MLM:
-    return {"mlm": MLM, "electra": Electra}[cfg.objective](cfg)
+# the one place a pretrain.objective name is dispatched on
+OBJECTIVES: dict[str, type[MLM]] = {"mlm": MLM, "electra": Electra}
+DEFAULT = "mlm"                             # the objective of a model no other objective holds
 
 
-def objective_of(model: nn.Module, cfg: PretrainConfig) -> MLM:
-    """The objective matching an already built model (a caller may build the model itself)."""
-    core = getattr(model, "module", model)
-    from mlm_core.model.electra import ElectraModel
-    kind = Electra if isinstance(core, ElectraModel) else MLM
+def objective_for(cfg: PretrainConfig) -> Objective:
+    """The objective ``cfg.objective`` names (``OBJECTIVES``)."""
+    kind = OBJECTIVES.get(cfg.objective)
+    if kind is None:
+        from mlm_core.errors import MlmError
+        raise MlmError(f"pretrain.objective: unknown objective {cfg.objective!r} (known: {sorted(OBJECTIVES)})")
     return kind(cfg)
 
 
-__all__ = ["MLM", "Electra", "objective_for", "objective_of"]
+def objective_of(model: nn.Module, cfg: PretrainConfig) -> Objective:
+    """The objective matching an already built model (a caller may build the model itself)."""
+    core = getattr(model, "module", model)
+    kinds = [k for name, k in OBJECTIVES.items() if name != DEFAULT and k.holds(core)]
+    return (kinds[0] if kinds else OBJECTIVES[DEFAULT])(cfg)
+
+
+__all__ = ["Objective", "OBJECTIVES", "MLM", "Electra", "objective_for", "objective_of"]

@@ -183,7 +183,7 @@ def should_stop(world_size: int = 1, device=None) -> bool:
         return _flag.is_set()
     import torch
 
-    from mlm_core.train.distributed import all_reduce_sum
+    from mlm_core.train.collective import all_reduce_sum
     flag = torch.tensor([1.0 if _flag.is_set() else 0.0], dtype=torch.float64)
     return bool(all_reduce_sum(flag, world_size, device or torch.device("cpu")).item() > 0)
 

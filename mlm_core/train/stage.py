@@ -130,11 +130,12 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
     import torch
     from safetensors.torch import load_file
 
-    from mlm_core.model import ExportError, export_hf, save_weights
+    from mlm_core.model import ExportError
     from mlm_core.shards import ShardDataset
     from mlm_core.store import write_json_atomic
     from mlm_core.train.distributed import launch
-    from mlm_core.train.loop import ElectraModel, build_model, train
+    from mlm_core.train.loop import build_model, train
+    from mlm_core.train.objectives import objective_for
 
     cfg, seed = lc.config.pretrain, lc.config.train_seed      # pretrain.seed, else the global seed
     shards, tok = upstream["shards"], upstream["tokenizer"]
@@ -181,13 +182,8 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
         sd |= {alias: sd[target] for alias, target in meta.get("aliases", {}).items()}
         model.load_state_dict(sd, strict=True)
 
-    electra = isinstance(model, ElectraModel)
-    encoder = model.gen if electra else model       # the MLM: ELECTRA's discriminator has no MLM head
-    save_weights(encoder, out_dir / "model.safetensors")
-    extra = {}
-    if electra:
-        save_weights(model.disc, out_dir / "discriminator.safetensors")
-        extra = {"mlm_model": "generator", "discriminator": model.disc.arch.to_dict()}
+    objective = objective_for(cfg)
+    encoder, extra = objective.save(model, out_dir)   # the MLM's weights (+ ELECTRA: the discriminator's)
     write_json_atomic(out_dir / "model_config.json", {**encoder.arch.to_dict(), "objective": cfg.objective, **extra})
     shutil.copyfile(Path(tok.path) / "tokenizer.json", out_dir / "tokenizer.json")
     if (work / "metrics.jsonl").exists():
@@ -197,21 +193,12 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
                                               "unigram_top": result.get("unigram_top", {}),
                                               "plateau": result.get("plateau")})
     export, note = None, None
-    if electra:
-        from mlm_core.model.export_electra import DISCRIMINATOR_DIR, GENERATOR_DIR, export_electra
-        try:
-            export_electra(model.gen, model.disc, out_dir, Path(tok.path) / "tokenizer.json", specials)
-            export, extra["export_discriminator"] = GENERATOR_DIR, DISCRIMINATOR_DIR
-        except ExportError as e:
-            note = str(e)
-            log.warning("pretrain: no Hugging Face export: %s", e)
-    else:
-        try:
-            export_hf(encoder, out_dir / "hf", Path(tok.path) / "tokenizer.json", specials)
-            export = "hf"
-        except ExportError as e:
-            note = str(e)
-            log.warning("pretrain: no Hugging Face export: %s", e)
+    try:
+        export, exported = objective.export(model, out_dir, Path(tok.path) / "tokenizer.json", specials)
+        extra |= exported
+    except ExportError as e:
+        note = str(e)
+        log.warning("pretrain: no Hugging Face export: %s", e)
     beats = {lg: beats_baseline(r) for lg, r in evals.items()}
     if not all(beats.values()):
         log.warning("pretrain: held-out [MASK] top-1 does not beat the unigram baseline beyond the noise of the "
@@ -229,7 +216,7 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
     if init is not None:        # where training started (the content hash is in the fingerprint's inputs)
         from mlm_core.external import cache_dir, content_hash
         extra["init_from"] = {"ref": cfg.init_from, "content_hash": content_hash(init.folder, cache_dir(lc)),
-                              "family": (model.disc if electra else encoder).arch.family,
+                              "family": objective.hidden_model(model).arch.family,
                               "vocab_size": init.vocab_size, "extended": bool(init.extension)}
     return {"arch": encoder.arch.to_dict(), "objective": cfg.objective, "steps": result["step"],
             "tokens": result["tokens"], "final_loss": result["final_loss"], "eval": evals, "baseline": baseline,
