@@ -1,7 +1,8 @@
 """The model card: one markdown page telling what the model was trained on, how it scores, and why it
 was (or was not) promoted.
 
-In: manifests and reports of the run (plain dicts, any key may be absent: it shows as "—"), the gate
+In: the typed stage outputs (``mlm_core.artifacts``: TokenizerArtifact, PretrainedModel; or plain dicts with the
+same keys), the data summary and reports of the run (any key may be absent: it shows as "—"), the gate
 results and the promotion decision. Out: markdown text. Sections follow Mitchell et al. (2019),
 "Model Cards for Model Reporting": details, training data, evaluation, quantitative analyses (per
 language), ethical considerations (the bias audit and its limits), and the decision.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from mlm_core.artifacts import PretrainedModel, ShardSet, StageArtifact, TokenizerArtifact
 from mlm_core.gates import transfer_gap
 
 DASH = "—"
@@ -39,26 +41,24 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
 
 
 def _get(d, *keys):
+    """``d[k1][k2]...`` (None where absent); a typed artifact is read by its fields, by one name each (a name that
+    is not one of its manifest keys is an error, not a silent blank)."""
     for k in keys:
+        if isinstance(d, StageArtifact):
+            if k not in d.keys():
+                raise KeyError(f"{type(d).__name__} has no manifest key {k!r} (keys: {', '.join(d.keys())})")
+            d = getattr(d, k)
+            continue
         if not isinstance(d, dict):
             return None
         d = d.get(k)
     return d
 
 
-def _first(d: dict, *keys):
-    for k in keys:
-        if isinstance(d, dict) and d.get(k) is not None:
-            return d[k]
-    return None
-
-
-def _data_section(data: dict, tokenizer: dict) -> list[str]:
+def _data_section(data: dict) -> list[str]:
     langs = _get(data, "languages") or {}
-    alpha = _first(data, "sampling_alpha", "alpha")
-    if alpha is None:
-        alpha = _get(tokenizer, "sample", "alpha")
-    weights = _first(data, "sampling_weights", "weights") or {}
+    alpha = _get(data, "sampling_alpha")
+    weights = _get(data, "sampling_weights") or {}
     rows = [[lang, _get(p, "docs"), _get(p, "chars"), _get(p, "bytes"), _get(p, "duplicates"),
              _get(p, "quarantined"), _get(p, "train_tokens"), _fmt(weights.get(lang))]
             for lang, p in sorted(langs.items())]
@@ -73,7 +73,7 @@ def _data_section(data: dict, tokenizer: dict) -> list[str]:
     return out + [""]
 
 
-def _tokenizer_section(tok: dict) -> list[str]:
+def _tokenizer_section(tok: TokenizerArtifact | dict) -> list[str]:
     out = ["## Tokenizer", "", f"Algorithm: {_fmt(_get(tok, 'algorithm'))}, vocabulary {_fmt(_get(tok, 'vocab_size'))} "
            f"(requested {_fmt(_get(tok, 'vocab_size_requested'))}), special tokens {_fmt(_get(tok, 'style'))}, "
            f"lowercase {_fmt(_get(tok, 'lowercase'))}.", ""]
@@ -83,7 +83,7 @@ def _tokenizer_section(tok: dict) -> list[str]:
     return out + _table(["lang", "tokens/word (fertility)", "tokens/char", "UNK rate"], rows) + [""]
 
 
-def _training_section(tr: dict) -> list[str]:
+def _training_section(tr: PretrainedModel | dict) -> list[str]:
     arch = _get(tr, "arch") or {}
     # family / attention / window / global_every are in a stored arch only away from their defaults (bert,
     # global): a BERT card is unchanged
@@ -111,14 +111,14 @@ def _evaluation_section(ev: dict) -> list[str]:
             continue
         t, b = r.get("top1"), r.get("baseline_top1")
         margin = t - b if isinstance(t, (int, float)) and isinstance(b, (int, float)) else None
-        rows.append([lang, t, b, margin, r.get("ece"), _fmt(_first(r, "perplexity", "pseudo_perplexity", "pppl"), 2)])
+        rows.append([lang, t, b, margin, r.get("ece"), _fmt(r.get("perplexity"), 2)])
     out += _table(["lang", "top-1", "unigram baseline top-1", "margin", "ECE", "(pseudo-)perplexity"], rows)
     out += ["", "### Zero-shot cross-lingual transfer (fine-tuned on the source language only)", "",
             "Untrained encoder: the same architecture at the run's seed, no pretraining, fine-tuned the same way "
             "(evaluate.untrained_control); the gain's 95% interval is a paired bootstrap over target sentences.", ""]
     rows = []
     for task, r in sorted((_get(ev, "transfer") or {}).items()):
-        src, src_lang = _get(r, "source_score"), _first(r, "source_lang")
+        src, src_lang = _get(r, "source_score"), _get(r, "source_lang")
         if src is None and not _get(r, "targets"):        # retrieval: no source / target protocol
             continue
         src_gain = _get(r, "source_gain_over_untrained") or {}
@@ -164,7 +164,7 @@ def _efficiency_section(eff: dict) -> list[str]:
     return out + _table(["metric", "value"], rows) + [""]
 
 
-def bias_mitigations(shards: dict, training: dict, audit: dict) -> dict:
+def bias_mitigations(shards: ShardSet | dict | None, training: PretrainedModel | dict, audit: dict) -> dict:
     """The mitigations this model was trained and scored with, from its stored outputs: ``shards.cda`` (the
     shards manifest's counts), ``pretrain.bias_regularizer`` (the pretrain manifest's config) and
     ``debias.projection`` (the audit's record). {} when none was used (the card is then as before)."""
@@ -239,7 +239,7 @@ def _gates_section(gates: list, promoted: bool) -> list[str]:
     return out + [""]
 
 
-def summary(training: dict, evaluation: dict | None = None, gates: list | None = None,
+def summary(training: PretrainedModel | dict, evaluation: dict | None = None, gates: list | None = None,
             promoted: bool | None = None) -> str:
     """The card's first paragraph (also the registered version's description): architecture and objective,
     languages, steps and tokens, then, once known, the held-out top-1 against the unigram baseline and the
@@ -248,7 +248,7 @@ def summary(training: dict, evaluation: dict | None = None, gates: list | None =
     arch = _get(tr, "arch") or {}
     shape = ", ".join(f"{arch[k]} {w}" for k, w in (("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"))
                       if k in arch)
-    langs = sorted(_get(tr, "eval") or {}) or sorted(_get(tr, "languages") or {})
+    langs = sorted(_get(tr, "eval") or {})
     out = [f"Multilingual masked language model ({_fmt(_get(tr, 'objective'))}"
            + (f"; {shape}" if shape else "") + f") pretrained by mlm-pipeline on {', '.join(langs) or DASH}: "
            f"{_fmt(_get(tr, 'steps'))} steps, {_fmt(_get(tr, 'tokens'))} tokens, final training loss "
@@ -269,7 +269,8 @@ def summary(training: dict, evaluation: dict | None = None, gates: list | None =
     return " ".join(out)
 
 
-def model_card(*, name: str, version, fingerprints: dict, data: dict, tokenizer: dict, training: dict,
+def model_card(*, name: str, version, fingerprints: dict, data: dict, tokenizer: TokenizerArtifact | dict | None,
+               training: PretrainedModel | dict,
                evaluation: dict, audit: dict, gates: list, promoted: bool, mitigations: dict | None = None) -> str:
     """The markdown model card (sections: details, training data, tokenizer, training, evaluation,
     zero-shot transfer, bias audit with its limits and mitigations (``bias_mitigations``), promotion gates,
@@ -280,7 +281,7 @@ def model_card(*, name: str, version, fingerprints: dict, data: dict, tokenizer:
              "## Details", "", "Intended use: research and fill-mask experiments, and as a starting point for "
              "fine-tuning; not evaluated for any deployment. Provenance (content-addressed stage outputs):", ""]
     lines += _table(["stage", "fingerprint"], fp_rows) + [""]
-    lines += _data_section(data or {}, tokenizer or {})
+    lines += _data_section(data or {})
     lines += _tokenizer_section(tokenizer or {})
     lines += _training_section(training or {})
     lines += _evaluation_section(evaluation or {})

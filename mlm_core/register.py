@@ -11,6 +11,7 @@ import json
 import logging
 from pathlib import Path
 
+from mlm_core.artifacts import NormalizedCorpus, PretrainedModel, ShardSet, StageArtifact
 from mlm_core.gates import all_passed, evaluate_gates
 from mlm_core.modelcard import bias_mitigations, model_card
 from mlm_core.store import StageStore
@@ -23,54 +24,48 @@ def _read(art, name: str) -> dict:
     return json.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
 
 
-def data_manifests(lc, pre) -> dict[str, dict]:
-    """The manifests of the data stages behind a pretrain output ({stage: manifest}, normalize / tokenizer /
-    shards), read from the store by the fingerprints the pretrain manifest recorded. A missing one is {}
+def data_artifacts(lc, pre: PretrainedModel) -> dict[str, StageArtifact | None]:
+    """The typed data-stage outputs behind a pretrain output ({stage: artifact}, normalize / tokenizer / shards),
+    read from the store by the fingerprints the pretrain manifest recorded. A missing or unreadable one is None
     (the card then says so) rather than an error: the card must still be written."""
     store = StageStore(lc.workdir)
-    out = {}
-    for stage, fp in sorted((pre.manifest.get("upstream") or {}).items()):
+    out: dict[str, StageArtifact | None] = {}
+    for stage, fp in sorted((pre.upstream or {}).items()):
         try:
-            out[stage] = store.load(stage, fp).manifest
-        except (OSError, ValueError) as exc:
+            out[stage] = store.load_typed(stage, fp)
+        except (OSError, ValueError) as exc:     # ManifestError is a ValueError
             log.warning("model card: the %s output %s is unreadable (%s); its card section stays empty", stage, fp, exc)
-            out[stage] = {}
+            out[stage] = None
     return out
 
 
-def card_data(manifests: dict[str, dict]) -> tuple[dict, dict]:
-    """(data, tokenizer) sections of the model card from the normalize, shards and tokenizer manifests.
-
-    data: {"languages": {lang: normalize's per-language counts (docs, chars, bytes, duplicates,
-    quarantined...) + "train_tokens" from the shards}, "sampling_alpha" and "sampling_weights" (p(l)) from
-    the shards' sampling table, "counts" and "quarantine_rate" from normalize}. tokenizer: the tokenizer
-    manifest (algorithm, vocab_size, vocab_size_requested, style, lowercase, per-language fertility)."""
-    norm, shards = manifests.get("normalize") or {}, manifests.get("shards") or {}
-    langs = {lang: dict(v) for lang, v in (norm.get("languages") or {}).items() if isinstance(v, dict)}
-    for lang, v in (shards.get("languages") or {}).items():
+def card_data(norm: NormalizedCorpus | None, shards: ShardSet | None) -> dict:
+    """The model card's data section from the normalize and shards outputs: {"languages": {lang: normalize's
+    per-language counts (docs, chars, bytes, duplicates, quarantined...) + "train_tokens" from the shards},
+    "sampling_alpha" and "sampling_weights" (p(l)) from the shards' sampling table, "counts" and "quarantine_rate"
+    from normalize}."""
+    langs = {lang: dict(v) for lang, v in (norm.languages if norm else {}).items() if isinstance(v, dict)}
+    for lang, v in (shards.languages if shards else {}).items():
         if isinstance(v, dict) and "tokens_train" in v:
             langs.setdefault(lang, {})["train_tokens"] = v["tokens_train"]
-    sampling = shards.get("sampling") or {}
-    weights = {r["lang"]: r["p"] for r in sampling.get("table") or [] if isinstance(r, dict) and "lang" in r and "p" in r}
-    data = {"languages": langs, "sampling_alpha": sampling.get("alpha"), "sampling_weights": weights,
-            "counts": norm.get("counts") or {}, "quarantine_rate": norm.get("quarantine_rate")}
-    return data, manifests.get("tokenizer") or {}
+    return {"languages": langs, "sampling_alpha": shards.sampling.get("alpha") if shards else None,
+            "sampling_weights": shards.sampling_weights() if shards else {},
+            "counts": (norm.counts if norm else None) or {}, "quarantine_rate": norm.quarantine_rate if norm else None}
 
 
 def card(lc, upstream: dict, gates: list, version: str | int, promoted: bool) -> str:
-    pre, ev, au = upstream["pretrain"], upstream["evaluate"], upstream["audit"]
-    up = pre.manifest.get("upstream", {})
-    manifests = data_manifests(lc, pre)
-    data, tokenizer = card_data(manifests)
+    pre, ev, au = upstream["pretrain"].typed(), upstream["evaluate"], upstream["audit"]
+    arts = data_artifacts(lc, pre)
+    data = card_data(arts.get("normalize"), arts.get("shards"))
     audit = _read(au, "audit.json")
     if data["sampling_alpha"] is None:
         data["sampling_alpha"] = lc.config.shards.sampling_alpha
     return model_card(
         name=lc.config.registry.model_name, version=version,
-        fingerprints={"pretrain": pre.fingerprint, **up, "evaluate": ev.fingerprint, "audit": au.fingerprint},
-        data=data, tokenizer=tokenizer, training=pre.manifest,
+        fingerprints={"pretrain": pre.fingerprint, **pre.upstream, "evaluate": ev.fingerprint, "audit": au.fingerprint},
+        data=data, tokenizer=arts.get("tokenizer"), training=pre,
         evaluation=_read(ev, "evaluation.json"), audit=audit, gates=gates, promoted=promoted,
-        mitigations=bias_mitigations(manifests.get("shards") or {}, pre.manifest, audit))
+        mitigations=bias_mitigations(arts.get("shards"), pre, audit))
 
 
 def run_register(lc, upstream: dict, out_dir: Path) -> dict:

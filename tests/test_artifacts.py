@@ -1,0 +1,110 @@
+"""Typed stage outputs (mlm_core.artifacts, issue 22 item 1): each type parses a real stored output of every stage,
+a renamed key in a copied manifest fails naming the file and the key, and the sweep report and the model card read
+the types. The pipeline (normalize ... register on ~120 real lines per language) is test_register's module fixture."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from test_register import pipeline_out  # noqa: F401  (the module fixture: one tiny run of every stage)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+HEAVY_FIXTURES = {"pipeline_out"}   # a module fixture that runs every stage: its tests are heavy (tests/conftest.py)
+
+
+def test_each_type_parses_a_real_stored_output(pipeline_out):  # noqa: F811
+    import pyarrow.parquet as pq
+    from tokenizers import Tokenizer
+
+    from mlm_core import artifacts, stages
+    from mlm_core.store import StageStore
+    lc, arts = pipeline_out
+    store = StageStore(lc.workdir)
+    assert set(artifacts.ARTIFACT_TYPES) == set(stages.STAGES)
+    typed = {s: store.load_typed(s, a.fingerprint) for s, a in arts.items()}
+    for s, t in typed.items():
+        assert type(t) is artifacts.ARTIFACT_TYPES[s] and t.fingerprint == arts[s].fingerprint and t.path == arts[s].path
+    norm, tok, shards = typed["normalize"], typed["tokenizer"], typed["shards"]
+    for lang in ("en", "ru"):   # the documents actually kept
+        assert norm.languages[lang]["docs"] == pq.read_table(norm.path / "docs" / f"{lang}.parquet").num_rows
+    real = Tokenizer.from_file(str(tok.path / "tokenizer.json"))
+    assert tok.vocab_size == real.get_vocab_size(with_added_tokens=True) and tok.vocab_size_requested == 400
+    assert tok.algorithm == "bpe" and tok.source is None
+    assert tok.special_tokens["pad"]["id"] == real.token_to_id(tok.special_tokens["pad"]["token"])
+    assert shards.seq_len == 32 and shards.vocab_size == tok.vocab_size
+    assert shards.tokenizer_fingerprint == tok.fingerprint
+    assert sum(shards.sampling_weights().values()) == pytest.approx(1.0)
+    pre = typed["pretrain"]
+    assert pre.steps == 4 and pre.upstream == {s: arts[s].fingerprint for s in ("normalize", "tokenizer", "shards")}
+    assert pre.arch["max_positions"] == 32
+    ev = json.loads((typed["evaluate"].path / "evaluation.json").read_text(encoding="utf-8"))
+    assert typed["evaluate"].metrics["en.top1"] == pytest.approx(ev["intrinsic"]["en"]["top1"])
+    reg = typed["register"]
+    gates = json.loads((reg.path / "gates.json").read_text(encoding="utf-8"))
+    assert reg.gates == gates and reg.passed == all(g["passed"] for g in gates)
+    assert reg.pretrain_fingerprint == pre.fingerprint
+    assert typed["audit"].counts["crows_languages"] == len(typed["audit"].crows)
+
+
+@pytest.mark.parametrize("stage", ["normalize", "tokenizer", "shards", "pretrain", "evaluate", "audit", "register"])
+def test_a_renamed_key_names_the_file_and_the_key(pipeline_out, tmp_path, stage):  # noqa: F811
+    from mlm_core.artifacts import ARTIFACT_TYPES, ManifestError
+    from mlm_core.store import StageStore
+    _, arts = pipeline_out
+    manifest = arts[stage].manifest
+    required = ARTIFACT_TYPES[stage].required_keys()
+    assert required
+    for key in required:
+        d = tmp_path / key / stage / arts[stage].fingerprint
+        d.mkdir(parents=True)
+        bad = {(k + "_renamed" if k == key else k): v for k, v in manifest.items()}
+        (d / "manifest.json").write_text(json.dumps(bad), encoding="utf-8")
+        with pytest.raises(ManifestError) as e:
+            StageStore(tmp_path / key).load_typed(stage, arts[stage].fingerprint)
+        msg = str(e.value)
+        assert str(d / "manifest.json") in msg and repr(key) in msg and "\n" not in msg
+
+
+def _sweep(arts, workdir) -> dict:
+    return {"name": "one", "baseline": "v", "workdir": str(workdir), "metrics": ["en.top1"],
+            "variants": [{"name": "v", "seed": 0, "status": "done",
+                          "config_fingerprints": {s: arts[s].fingerprint for s in ("shards", "pretrain", "evaluate",
+                                                                                   "audit")}}]}
+
+
+def test_the_report_reads_the_types(pipeline_out, tmp_path):  # noqa: F811
+    from mlm_core.artifacts import ManifestError
+    from mlm_core.report.collect import collect
+    lc, arts = pipeline_out
+    _, runs = collect(tmp_path, _sweep(arts, lc.workdir))
+    ev = json.loads((arts["evaluate"].path / "evaluation.json").read_text(encoding="utf-8"))
+    assert runs[0].metrics["en.top1"] == pytest.approx(ev["intrinsic"]["en"]["top1"])
+    assert set(runs[0].languages) == {"en", "ru"} and not runs[0].missing_stages
+    # a copy of the store whose evaluate manifest has 'metrics' renamed: the report names the file and the key
+    wd = tmp_path / "wd"
+    for s in ("shards", "pretrain", "evaluate", "audit"):
+        shutil.copytree(arts[s].path, wd / s / arts[s].fingerprint)
+    mf = wd / "evaluate" / arts["evaluate"].fingerprint / "manifest.json"
+    m = json.loads(mf.read_text(encoding="utf-8"))
+    m["metric"] = m.pop("metrics")
+    mf.write_text(json.dumps(m), encoding="utf-8")
+    with pytest.raises(ManifestError, match=rf"{mf}.*'metrics'"):
+        collect(tmp_path, _sweep(arts, wd))
+
+
+def test_the_model_card_reads_the_types(pipeline_out):  # noqa: F811
+    from mlm_core.gates import GateResult
+    from mlm_core.register import card
+    lc, arts = pipeline_out
+    reg = arts["register"]
+    gates = [GateResult(**g) for g in reg.manifest["gates"]]
+    again = card(lc, {s: arts[s] for s in ("pretrain", "evaluate", "audit")}, gates, "pending", reg.manifest["passed"])
+    assert again == (reg.path / "model_card.md").read_text(encoding="utf-8")
+    # the typed artifacts and their raw manifests give the same card (the types' fields are the manifest keys)
+    from mlm_core.modelcard import model_card
+    kw = dict(name="m", version=1, fingerprints={}, data={}, evaluation={}, audit={}, gates=gates, promoted=False)
+    typed = model_card(tokenizer=arts["tokenizer"].typed(), training=arts["pretrain"].typed(), **kw)
+    raw = model_card(tokenizer=arts["tokenizer"].manifest, training=arts["pretrain"].manifest, **kw)
+    assert typed == raw and f"vocabulary {arts['tokenizer'].manifest['vocab_size']:,}" in typed
