@@ -266,12 +266,13 @@ def _promote(art: Artifact, tracker: tracking.Tracker, run_id: str, lc) -> int |
     from mlm_core.register import card
     from mlm_core.store import StageStore
     name = lc.config.registry.model_name
-    version = _version_for(tracker, name, art.manifest["pretrain_fingerprint"])
+    reg = art.typed()                       # mlm_core.artifacts.Registration
+    version = _version_for(tracker, name, reg.pretrain_fingerprint)
     if version is None:
         raise RegistryError(f"no version of {name!r} is registered for pretrain output "
-                            f"{art.manifest['pretrain_fingerprint']}: rerun `mlm run CONFIG --only pretrain` with "
+                            f"{reg.pretrain_fingerprint}: rerun `mlm run CONFIG --only pretrain` with "
                             f"tracking enabled")
-    passed, failed = art.manifest["passed"], art.manifest["failed_gates"]
+    passed, failed = reg.passed, reg.failed_gates
     tracking.tag_version(tracker, name, version, {"gates": "passed" if passed else "failed"})
     _set_or_drop(tracker, name, version, "failed_gates", ",".join(failed))
     source_run = tracker.client.get_model_version(name, str(version)).run_id
@@ -280,8 +281,8 @@ def _promote(art: Artifact, tracker: tracking.Tracker, run_id: str, lc) -> int |
         from tasks import aliases
         aliases.move(tracker.client, name, "champion", version, "pipeline", "passed every promotion gate")
     store = StageStore(lc.workdir)
-    upstream = {s: store.load(s, fp) for s, fp in art.manifest["upstream"].items()}
-    gates = [GateResult(**g) for g in art.manifest["gates"]]
+    upstream = {s: store.load(s, fp) for s, fp in reg.upstream.items()}
+    gates = [GateResult(**g) for g in reg.gates]
     text = card(lc, upstream, gates, version, passed)
     tracker.log_text(run_id, text, "model_card.md")
     tracker.log_text(source_run, text, f"model_card/v{version}.md")

@@ -51,7 +51,7 @@ def _projection(lc, pre, out_dir: Path):
         return None, None
     from mlm_core.bias.projection import ProjectionError, prepare
     from mlm_core.store import StageStore
-    fp = (pre.manifest.get("upstream") or {}).get("normalize")
+    fp = pre.typed().upstream.get("normalize")
     store = StageStore(lc.workdir)
     if fp is None or not store.is_complete("normalize", fp):
         raise ProjectionError(f"debias.projection: the normalize output {fp} behind the pretrain output "
