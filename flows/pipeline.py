@@ -8,6 +8,7 @@ schedules and a UI rerun then recompute only what a config change invalidated.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Annotated, Literal, Optional
 
@@ -29,14 +30,31 @@ Overrides = Annotated[list[str], Field(description="Overrides KEY.PATH=VALUE, e.
 Force = Annotated[bool, Field(description="Recompute even when a complete stored output exists.")]
 
 
+# `mlm run` plans before Prefect starts (to fail fast on a missing upstream) and hands that plan to the flow it
+# calls in the same process: (config path, overrides) -> plans, taken once (``planned``)
+_PLANNED: dict[tuple, dict] = {}
+
+
+@contextlib.contextmanager
+def planned(config_path: str, overrides: list[str] | None, plans: dict):
+    """Within the block, ``run_pipeline`` for this config and overrides uses ``plans`` instead of planning again."""
+    key = (str(config_path), tuple(overrides or []))
+    _PLANNED[key] = plans
+    try:
+        yield
+    finally:
+        _PLANNED.pop(key, None)
+
+
 def run_pipeline(config_path: str, overrides: list[str] | None = None, only: str | None = None,
                  from_stage: str | None = None, force: bool = False) -> list[dict]:
-    """Plan, then run the selected stages in order; a failed stage stops the stages after it."""
+    """Plan once, then run the selected stages in order, each task with its own plan (as JSON); a failed stage
+    stops the stages after it."""
     overrides = list(overrides or [])
     lc = load_config(config_path, overrides)
     if lc.config.tracking.enabled:
         check_tracking_server(resolve_tracking_uri(lc.config.tracking, lc.workdir))
-    plans = stages.plan(lc)
+    plans = _PLANNED.pop((str(config_path), tuple(overrides)), None) or stages.plan(lc)
     chosen = stages.select(plans, only=only, from_=from_stage, command=run_command(lc))
     forced = set(chosen) if force or from_stage else set()
     tracker = Tracker(lc.config.tracking, lc.workdir)
@@ -58,7 +76,8 @@ def run_pipeline(config_path: str, overrides: list[str] | None = None, only: str
     try:
         with engine.session():          # execution.engine dask without address: one LocalCluster for the run
             for name in chosen:
-                results.append(run_stage(config_path, overrides, name, force=name in forced, parent_run_id=parent))
+                results.append(run_stage(config_path, overrides, name, force=name in forced, parent_run_id=parent,
+                                         plan=plans[name].to_json()))
     except Exception:
         tracker.end_pipeline("FAILED")
         summarize(failed=name)

@@ -290,6 +290,18 @@ class StagePlan:
     output_key: str          # hash of the output fields and the upstream output keys
     thresholds: dict         # the data-contract thresholds in force (not fingerprinted)
 
+    def to_json(self) -> dict:
+        """This plan as plain JSON: what the pipeline flow hands each stage task (``tasks.stage.run_stage``)."""
+        import json
+        return json.loads(json.dumps({"name": self.name, "fingerprint": self.fingerprint, "upstream": self.upstream,
+                                      "path": str(self.path), "status": self.status, "config": self.config,
+                                      "output_key": self.output_key, "thresholds": self.thresholds}, default=str))
+
+    @classmethod
+    def from_json(cls, d: dict) -> "StagePlan":
+        return cls(d["name"], d["fingerprint"], dict(d["upstream"]), Path(d["path"]), d["status"], d["config"],
+                   d["output_key"], d["thresholds"])
+
     def params(self) -> dict:
         """Config + thresholds: what a stage run logs as its parameters."""
         return with_thresholds({"config": self.config}, self.thresholds)["config"]

@@ -1,7 +1,7 @@
 """The one task pattern every stage goes through: run (or reuse), validate, log, publish.
 
-In: a config path + overrides and a stage name (plain JSON values, so Prefect never pickles a
-payload). Out: a ``StageResult`` dict (stage, fingerprint, path, cache hit, MLflow run id).
+In: a config path + overrides, a stage name and the stage's plan as JSON (plain JSON values, so Prefect
+never pickles a payload; the pipeline flow plans once per run). Out: a ``StageResult`` dict (stage, fingerprint, path, cache hit, MLflow run id).
 
 1. ``mlm_core.stages.execute`` runs the stage into a temporary folder, or reuses the stored output;
 2. the output's data contract (``schemas/<stage>.suite.json``) is checked *before* the output is
@@ -75,12 +75,18 @@ def _gates(art) -> dict:
 @task(name="stage", task_run_name="{name}", retries=2, retry_delay_seconds=2,
       retry_condition_fn=lambda task, run, state: publish.is_transient(state))
 def run_stage(config_path: str, overrides: list[str], name: str, force: bool = False,
-              parent_run_id: str | None = None) -> dict:
-    """Run one stage (or reuse its stored output), validate it, log it, publish it."""
+              parent_run_id: str | None = None, plan: dict | None = None) -> dict:
+    """Run one stage (or reuse its stored output), validate it, log it, publish it.
+
+    ``plan``: this stage's ``StagePlan.to_json()``, made once per run by the pipeline flow (``flows.pipeline``);
+    without one (a direct call) the task plans the pipeline itself."""
     logger = _logger()
     lc = load_config(config_path, overrides)
     store = StageStore(lc.workdir)
-    plans = stages.plan(lc, store)
+    if plan is None:
+        plan = stages.plan(lc, store)[name].to_json()
+    plans = {name: stages.StagePlan.from_json(plan)}      # execute reads only the stage's own plan
+    todo = force or not store.is_complete(name, plans[name].fingerprint)
     tracker = Tracker(lc.config.tracking, lc.workdir, parent_run_id=parent_run_id)
     reports: dict = {}
 
@@ -90,7 +96,7 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
     t0 = time.time()
     live = None
     hooks = {}
-    if name in STREAMS_METRICS and (force or plans[name].status != "done"):
+    if name in STREAMS_METRICS and todo:
         live = tracker.start_stage(name, plans[name].fingerprint, started=t0)   # curves appear while it trains
         if live is not None:
             hooks["metrics_cb"] = tracker.stream(live)   # a background thread: training never waits on MLflow
@@ -98,7 +104,7 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
         from tasks.engine import mapper_for
         mapper = mapper_for(lc, name)          # execution.engine: each partition a Prefect task on Dask
         if mapper is not None:
-            if force or plans[name].status != "done":
+            if todo:
                 mapper.preflight()             # an unreachable scheduler / unshared workdir: fail before any work
             hooks["mapper"] = mapper
     hit = False
@@ -116,7 +122,7 @@ def run_stage(config_path: str, overrides: list[str], name: str, force: bool = F
         tracker.log_validation(run_id, exc.report)     # summary.md + GE Data Docs HTML
         if name == "evaluate":     # the model version is tagged evaluation=failed and gets no alias
             try:
-                registry.evaluation_failed(tracker, lc, plans["pretrain"].fingerprint, exc.report)
+                registry.evaluation_failed(tracker, lc, plans[name].upstream["pretrain"], exc.report)
             except Exception as tag_exc:  # noqa: BLE001 - the contract failure is the error to report
                 log.warning("evaluate: tagging the model version failed: %s", tag_exc)
         publish.stage_failed(name, plans[name].fingerprint, exc.report, tracker.run_url(run_id))

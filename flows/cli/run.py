@@ -11,7 +11,8 @@ def cmd_run(args) -> int:
     lc = load_args(args)  # fail fast on a bad config, before Prefect starts
     from mlm_core import stages
     from mlm_core.commands import run_command
-    chosen = stages.select(stages.plan(lc), only=args.only, from_=args.from_stage,   # fail fast on a missing upstream
+    plans = stages.plan(lc)        # the run's one plan: the flow below reuses it (flows.pipeline.planned)
+    chosen = stages.select(plans, only=args.only, from_=args.from_stage,   # fail fast on a missing upstream
                            command=run_command(lc))
     from flows import ephemeral, guard
     guard.check_workdir(lc.workdir)   # writable, some space free: before Prefect puts its database there
@@ -27,19 +28,20 @@ def cmd_run(args) -> int:
     previous = signals.install()      # SIGTERM/SIGINT: training checkpoints at the next step, then exits 143/130
     not_recorded = None
     try:
-        from flows.pipeline import STAGE_FLOWS, pipeline
+        from flows.pipeline import STAGE_FLOWS, pipeline, planned
         guard.quiet_expected_tracebacks()
         orchestrator.quiet_api_log_errors()   # a lost Prefect API: one line, then a count (not 2 lines per batch)
         ephemeral.start(lc.workdir)   # generous start-up timeout, under a lock, never orphaned (flows/ephemeral.py)
         overrides = list(args.set or [])
         from mlm_core.errors import EXIT_GATES_FAILED, GatesFailed
         try:
-            if args.only:
-                # the same as the stage's Prefect flow: reuse its complete output unless --force (flow: force)
-                results = STAGE_FLOWS[args.only](config_path=args.config, overrides=overrides, force=args.force)
-            else:
-                results = pipeline(config_path=args.config, overrides=overrides, from_stage=args.from_stage,
-                                   force=args.force)
+            with planned(args.config, overrides, plans):
+                if args.only:
+                    # the same as the stage's Prefect flow: reuse its complete output unless --force (flow: force)
+                    results = STAGE_FLOWS[args.only](config_path=args.config, overrides=overrides, force=args.force)
+                else:
+                    results = pipeline(config_path=args.config, overrides=overrides, from_stage=args.from_stage,
+                                       force=args.force)
         except GatesFailed as exc:   # registry.fail_on_gates: the flow run ended Failed, the run itself is complete
             results = exc.results
         except Exception as exc:     # the Prefect API (or its database) gone: work complete (exit 4) or not (2)
