@@ -284,7 +284,7 @@ def test_generator_fraction_against_published_electra_shapes():
     from mlm_core.config import PretrainConfig
     from mlm_core.errors import StageError
     from mlm_core.model.sizes import Arch
-    from mlm_core.train.init_from import check_generator_fraction
+    from mlm_core.train.electra_init import check_generator_fraction
     base = dict(layers=12, vocab_size=30522, pad_id=0, max_positions=512, position="learned", norm="post",
                 dropout=0.1, tie_embeddings=True)
     disc = Arch(hidden=768, heads=12, ffn=3072, **base)

@@ -20,7 +20,7 @@ Objective x checkpoint:
   * mlm from BERT / RoBERTa / XLM-R / RoFormer / ModernBERT (or an ELECTRA generator alone): the MLM continues.
   * electra from an ELECTRA pair (discriminator + generator): the pair continues, with the checkpoint's
     generator; ``electra.generator_fraction`` set explicitly to a value that would not give that generator's
-    width (hidden and ffn) is an error naming both (``check_generator_fraction``); left unset, it is ignored.
+    width (hidden and ffn) is an error naming both (``electra_init.check_generator_fraction``); left unset, it is ignored.
   * electra from a BERT checkpoint: the checkpoint becomes the discriminator (its encoder; the MLM head is
     dropped, the replaced-token head is fresh) and a fresh generator, ``electra.generator_fraction`` of its
     width, shares its embeddings, as ELECTRA trains; the export is an ELECTRA pair. From RoBERTa / XLM-R it
@@ -36,16 +36,12 @@ loop restores it on top of the model built here (it is later), and the key holds
 from __future__ import annotations
 
 import dataclasses
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from mlm_core.errors import StageError
 
-log = logging.getLogger(__name__)
 FIELD = "pretrain.init_from"
-HEAD_KEYS = ("head_dense.weight", "head_dense.bias", "head_norm.weight", "head_norm.bias", "decoder.weight",
-             "head_bias")
 VOCAB_KEYS = ("tok_emb.weight", "decoder.weight", "head_bias")     # tensors with one row per token id
 
 
@@ -119,39 +115,6 @@ def _check_objective(cfg, p, where: str) -> None:
     objective_for(cfg).check_init(p, where)
 
 
-def _fraction_gives(disc, gen, fraction: float) -> tuple[int, int]:
-    """(hidden, ffn) that ``fraction`` of ``disc`` gives, rounded as ``mlm_core.model.sizes.resolve_arch``
-    rounds a generator, with the generator's own head count (a transformers pair may have fewer heads in
-    the generator, e.g. electra-base: 4 of 12; in this pipeline's pairs they are the same)."""
-    from mlm_core.model.sizes import round_to
-    multiple = gen.heads * (2 if gen.position == "rotary" else 1)
-    return round_to(disc.hidden * fraction, multiple), max(8, int(round(disc.ffn * fraction)))
-
-
-def check_generator_fraction(cfg, p, where: str) -> None:
-    """An ELECTRA pair ``p`` continues with its own generator (``Electra.check_init``): an explicit
-    ``electra.generator_fraction`` (the user's statement of the generator's width, as in ``check_model_config``:
-    set in the file or an override) must give that width, else the run would silently train another generator
-    than the config says. (From BERT the fraction sizes the fresh generator, as without init_from.)"""
-    d, g = p.disc_arch, p.arch
-    own = g.hidden / d.hidden
-    if "generator_fraction" not in cfg.electra.model_fields_set:
-        log.info("pretrain: %s: continuing its ELECTRA generator (hidden %d, ffn %d: %.4g of the discriminator's "
-                 "width); pretrain.electra.generator_fraction is unset and does not apply", where, g.hidden,
-                 g.ffn, own)
-        return
-    fraction = cfg.electra.generator_fraction
-    if _fraction_gives(d, g, fraction) == (g.hidden, g.ffn):
-        return
-    fix = (f"set it to {own:.4g}, or remove it" if _fraction_gives(d, g, own) == (g.hidden, g.ffn) else
-           f"remove it (hidden and ffn are not the same fraction, {own:.4g} and {g.ffn / d.ffn:.4g})")
-    hid, ffn = _fraction_gives(d, g, fraction)
-    raise StageError(f"pretrain: pretrain.electra.generator_fraction = {fraction:g} gives a generator of hidden "
-                     f"{hid}, ffn {ffn}, but the ELECTRA pair {where} continues its own generator of hidden "
-                     f"{g.hidden}, ffn {g.ffn}, {own:.4g} of the discriminator's hidden {d.hidden}, ffn {d.ffn}: "
-                     f"{fix} (unset, the checkpoint's generator is used)")
-
-
 # ------------------------------------------------------------------------------------------------ building
 def _read_extension(path: str, old_rows: int) -> list[tuple[int, list[int]]]:
     import pyarrow.parquet as pq
@@ -200,20 +163,10 @@ def load(spec: InitSpec):
                                disc_state=grow(p.disc_state), vocab_size=spec.vocab_size)
 
 
-def scaled_arch(arch, fraction: float):
-    """The fresh generator's Arch: ``fraction`` of the discriminator's width (hidden rounded to a multiple of
-    the head count, as ``mlm_core.model.sizes.resolve_arch`` scales it), same depth and head count."""
-    heads = arch.heads
-    hidden = max(heads, int(round(arch.hidden * fraction / heads)) * heads)
-    return dataclasses.replace(arch, hidden=hidden, ffn=max(8, int(round(arch.ffn * fraction))),
-                               embedding_size=None)
-
-
 def build(cfg, spec: InitSpec, special_ids: list[int] | None = None):
     """The model for ``cfg.objective`` holding the checkpoint's weights (see the module docstring)."""
     from mlm_core.train.objectives import objective_for
     return objective_for(cfg).build_init(load(spec), spec, special_ids)
 
 
-__all__ = ["InitSpec", "prepare", "build", "load", "grow_vocabulary", "check_generator_fraction", "scaled_arch",
-           "HEAD_KEYS", "FIELD"]
+__all__ = ["InitSpec", "prepare", "build", "load", "grow_vocabulary", "FIELD"]

@@ -214,7 +214,7 @@ class Electra(MLM):
         checkpoint becomes the discriminator; RoBERTa / XLM-R, ModernBERT and a lone generator are refused."""
         from mlm_core.errors import StageError
         if p.disc_arch is not None:
-            from mlm_core.train.init_from import check_generator_fraction
+            from mlm_core.train.electra_init import check_generator_fraction
             check_generator_fraction(self.cfg, p, where)
             return
         if p.arch.modern:
@@ -236,7 +236,7 @@ class Electra(MLM):
         from mlm_core.errors import StageError
         from mlm_core.model.electra import ElectraModel
         from mlm_core.model.pretrained import build_electra
-        from mlm_core.train.init_from import HEAD_KEYS, scaled_arch
+        from mlm_core.train.electra_init import HEAD_KEYS, scaled_arch
         if p.disc_arch is not None:
             return build_electra(p, spec.dropout, special_ids)
         disc = dataclasses.replace(p.arch, family="electra",
