@@ -163,14 +163,7 @@ def _stage_flow(stage: str):
                 f"from the stored upstream outputs.")(run_one)
 
 
-normalize_flow = _stage_flow("normalize")
-tokenizer_flow = _stage_flow("tokenizer")
-shards_flow = _stage_flow("shards")
-pretrain_flow = _stage_flow("pretrain")
-evaluate_flow = _stage_flow("evaluate")
-audit_flow = _stage_flow("audit")
-register_flow = _stage_flow("register")
-
-STAGE_FLOWS = {"normalize": normalize_flow, "tokenizer": tokenizer_flow, "shards": shards_flow,
-               "pretrain": pretrain_flow, "evaluate": evaluate_flow, "audit": audit_flow, "register": register_flow}
-assert list(STAGE_FLOWS) == stages.stage_names(), "every stage needs its flow"
+# One flow per stage, derived from the stage graph: ``<stage>_flow`` is each one's module-level name (the
+# deployments' entrypoint, flows/pipeline.py:<stage>_flow; deployments/prefect.yaml is regenerated from these).
+STAGE_FLOWS = {name: _stage_flow(name) for name in stages.stage_names()}
+globals().update({f"{name}_flow": f for name, f in STAGE_FLOWS.items()})

@@ -28,7 +28,7 @@ import shutil
 import uuid
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from mlm_core.errors import StageError
 from mlm_core.store import Artifact, canonical_json, fsync_dir
@@ -53,24 +53,16 @@ class PartitionedStage(Protocol):
         """Write the stage output into ``out_dir`` from every partition's folder; return the manifest fields."""
 
 
-# PartitionJob: {"stage", "key", "part", "root", "context": {config, path, base_dir, overrides},
+# PartitionJob: {"stage", "target", "key", "part", "root", "context": {config, path, base_dir, overrides},
 #                "upstream": {name: {"fingerprint", "path"}}, "hints": {...}}  (all JSON)
 PartitionJob = dict
 Mapper = Callable[[Callable[[PartitionJob], dict], list[PartitionJob]], list[dict]]
 
-# name -> "module:attribute" of the PartitionedStage object (imported where a partition runs)
-REGISTRY: dict[str, str] = {"normalize": "mlm_core.normalize.partitioned:STAGE",
-                            "shards": "mlm_core.shards.partitioned:STAGE"}
-
-
-def register(name: str, target: str) -> None:
-    """Declare a partitioned stage: ``target`` = "module:attribute" of its ``PartitionedStage`` object."""
-    REGISTRY[name] = target
-
-
-def stage_object(name: str) -> PartitionedStage:
+def stage_object(target: str) -> PartitionedStage:
+    """The ``PartitionedStage`` object a stage declares (``StageSpec.partitions``: "module:attribute"), imported
+    where a partition runs (a job carries the reference, not the object)."""
     import importlib
-    mod, _, attr = REGISTRY[name].partition(":")
+    mod, _, attr = target.partition(":")
     return getattr(importlib.import_module(mod), attr)
 
 
@@ -155,7 +147,7 @@ def run_partition(job: PartitionJob) -> dict:
         return {**got, "_reused": True, "_dir": str(final)}
     _test_delay()
     lc, upstream = _job_inputs(job)
-    stage = stage_object(job["stage"])
+    stage = stage_object(job["target"])
     tmp = root / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
@@ -220,18 +212,19 @@ def _collect(results, on_result) -> list[dict]:
 # ---------------------------------------------------------------- the stage: plan -> map -> merge
 def run_partitioned(name: str, lc, upstream: dict[str, Artifact], out_dir: Path, stage_fp: str,
                     mapper: Mapper | None = None, on_keys: Callable[[list[Path]], None] | None = None,
-                    root: Path | None = None) -> dict:
+                    root: Path | None = None, *, target: str) -> dict:
     """Plan, process every partition through ``mapper`` (default: the stage's local mapper), merge.
 
     ``on_keys(folders)``: told the partition folders before any runs (the caller removes them once the stage
-    output is stored). ``root``: where the partition folders go (default ``partitions_root``). A stage object may define ``local_mapper(lc, parts)`` to pick its own pool, and
+    output is stored). ``root``: where the partition folders go (default ``partitions_root``). ``target``: the
+    stage's ``PartitionedStage`` object as "module:attribute" (its ``StageSpec.partitions``). A stage object may define ``local_mapper(lc, parts)`` to pick its own pool, and
     ``hints(lc, parts)`` -> JSON values every job carries (e.g. a per-process shared resource switch)."""
-    stage = stage_object(name)
+    stage = stage_object(target)
     parts = stage.plan(lc, upstream)
     root = Path(root) if root is not None else partitions_root(lc.workdir, name)
     root.mkdir(parents=True, exist_ok=True)
     ctx, up = config_context(lc), _upstream_json(upstream)
-    jobs = [{"stage": name, "key": partition_key(name, stage_fp, p), "part": p, "root": str(root),
+    jobs = [{"stage": name, "target": target, "key": partition_key(name, stage_fp, p), "part": p, "root": str(root),
              "context": ctx, "upstream": up} for p in parts]
     if on_keys is not None:
         on_keys([root / j["key"] for j in jobs])
@@ -258,6 +251,6 @@ def cleanup(folders: list[Path]) -> None:
             shutil.rmtree(t, ignore_errors=True)
 
 
-__all__ = ["PartitionedStage", "PartitionJob", "Mapper", "REGISTRY", "register", "stage_object", "partition_key",
+__all__ = ["PartitionedStage", "PartitionJob", "Mapper", "stage_object", "partition_key",
            "partitions_root", "run_partition", "run_partitioned", "local_mapper", "cleanup", "read_complete",
            "config_context", "load_context"]

@@ -45,9 +45,52 @@ class StageSpec:
     inputs: Callable[[LoadedConfig], Any] | None = None
     derived: Callable[[LoadedConfig], dict] | None = None   # values computed from output fields (scripts, alpha)
     summary: str = ""
-    # map -> reduce (mlm_core.partitions): ``run`` is then unused; execute plans, maps "process one partition"
-    # through hooks["mapper"] (default: the stage's local pool) and merges
-    partitioned: bool = False
+    # What the other layers do with the stage, declared here by name: a reference is "module:attribute", imported
+    # where it is used (``resolve``), so this module imports no Prefect, MLflow or Great Expectations.
+    # map -> reduce (mlm_core.partitions): its ``PartitionedStage`` object; ``run`` is then unused: execute plans,
+    # maps "process one partition" through hooks["mapper"] (default: the stage's local pool) and merges
+    partitions: str | None = None
+    suite: str | None = None               # its data contract: schemas/<suite>.suite.json (``plan`` checks it exists)
+    contract_tables: str | None = None     # fn(out_dir, options) -> {table: DataFrame}: what the suite runs on
+    contract_parameters: str | None = None  # fn(manifest) -> {name: value}: the suite's {"$PARAMETER": name} values
+    table: str | None = None               # fn(artifact) -> rows: its statistics table (MLflow stats.json, Prefect)
+    table_title: str = "Per-language statistics"
+    plots: str | None = None               # fn(artifact, dest) -> figure files logged with its MLflow run
+
+    @property
+    def partitioned(self) -> bool:
+        return self.partitions is not None
+
+
+SCHEMAS_DIR = Path(__file__).resolve().parents[1] / "schemas"
+
+
+def resolve(ref: str) -> Any:
+    """The object a spec names: "module:attribute" imported now (a missing one: PlanError naming the reference)."""
+    import importlib
+    mod, _, attr = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as exc:
+        raise PlanError(f"stage reference {ref!r} does not resolve: {exc}") from None
+
+
+def suite_path(name: str) -> Path | None:
+    """Where stage ``name``'s declared data contract lives (None: it declares none)."""
+    suite = STAGES[name].suite
+    return None if suite is None else SCHEMAS_DIR / f"{suite}.suite.json"
+
+
+def check_declared(spec: StageSpec) -> None:
+    """What a stage declares exists: its suite file (else a PlanError naming the file); a suite also needs the
+    tables it runs on."""
+    if spec.suite is None:
+        return
+    path = SCHEMAS_DIR / f"{spec.suite}.suite.json"
+    if not path.is_file():
+        raise PlanError(f"stage {spec.name!r} declares the data contract {spec.suite!r}, but {path} does not exist")
+    if spec.contract_tables is None:
+        raise PlanError(f"stage {spec.name!r} declares the data contract {path.name} but no contract_tables")
 
 
 def _view(lc: LoadedConfig, name: str, effects: frozenset[str], sparse: bool = False) -> dict:
@@ -239,30 +282,51 @@ def _run_register(lc, upstream, out_dir):
 # 4 (issue 20): evaluate: the untrained-encoder control and the gain over it, predictions.parquet, the fine-tune on
 # finetune.threads torch threads (byte-reproducible across processes), finetuned_sha256.
 # 5 (issue 21): evaluate writes intrinsic_documents.parquet (per-document [MASK] top-1 counts for the report).
+_C, _P = "tasks.validation.contracts:", "tasks.publish:"    # where the existing stages' contracts and tables live
 STAGES: dict[str, StageSpec] = {
     "normalize": StageSpec("normalize", (), code_version="3", reads=("sources", "normalize"), run=_run_normalize,
-                           inputs=_normalize_inputs, derived=_normalize_scripts, partitioned=True,
+                           inputs=_normalize_inputs, derived=_normalize_scripts,
+                           partitions="mlm_core.normalize.partitioned:STAGE",
+                           suite="normalize", contract_tables=_C + "normalize_tables",
+                           contract_parameters=_C + "normalize_parameters", table=_P + "normalize_rows",
                            summary="clean, filter and deduplicate the raw corpus per language"),
     "tokenizer": StageSpec("tokenizer", ("normalize",), code_version="2", reads=("tokenizer", "seed"),
                            run=_run_tokenizer, inputs=_tokenizer_inputs,
                            derived=lambda lc: {"alpha": lc.config.tokenizer_alpha},
+                           suite="tokenizer", contract_tables=_C + "tokenizer_tables",
+                           contract_parameters=_C + "tokenizer_parameters", table=_P + "tokenizer_rows",
                            summary="train a tokenizer on a language-balanced sample"),
     "shards": StageSpec("shards", ("normalize", "tokenizer"), code_version="3", reads=("shards",), run=_run_shards,
-                        inputs=_shards_inputs, derived=lambda lc: {"languages": lc.config.languages}, partitioned=True,
+                        inputs=_shards_inputs, derived=lambda lc: {"languages": lc.config.languages},
+                        partitions="mlm_core.shards.partitioned:STAGE",
+                        suite="shards", contract_tables=_C + "shards_tables",
+                        contract_parameters=_C + "shards_parameters", table=_P + "shards_rows",
+                        plots=_P + "shares_plot",
                         summary="encode, pack and write Arrow shards with the language sampling table"),
     "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), code_version=PRETRAIN_CODE_VERSION,
                           reads=("pretrain", "seed"), run=_run_pretrain, inputs=pretrain_inputs,
+                          suite="pretrain", contract_tables=_C + "pretrain_tables",
+                          contract_parameters=_C + "pretrain_parameters", table=_P + "pretrain_rows",
                           summary="train the encoder (MLM or ELECTRA), checkpoint, export"),
     "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), code_version="5",
                           reads=("evaluate", "seed", "debias"), run=_run_evaluate, inputs=_evaluate_inputs,
+                          suite="evaluate", contract_tables=_C + "evaluate_tables",
+                          contract_parameters=_C + "evaluate_parameters", table=_P + "evaluate_rows",
+                          plots=_P + "reliability_plot",
                           summary="per-language metrics and zero-shot transfer"),
     "audit": StageSpec("audit", ("pretrain",), code_version="2", reads=("audit", "debias"), run=_run_audit,
-                       inputs=_audit_inputs, summary="CrowS-Pairs and template bias audits"),
+                       inputs=_audit_inputs, suite="audit", contract_tables=_C + "audit_tables",
+                       table=_P + "audit_rows", table_title="CrowS-Pairs per language",
+                       summary="CrowS-Pairs and template bias audits"),
     # registry.gates are declared "output" of this stage, not thresholds: the stage's output *is* the gate
     # decision (gates.json, the model card), promotion follows it, and the stage is cheap and last, so
     # recomputing it is how a gate change is re-evaluated.
     "register": StageSpec("register", ("pretrain", "evaluate", "audit"), code_version="3", reads=("registry",),
-                          run=_run_register, summary="promotion gates and the model card"),
+                          run=_run_register, suite="register", contract_tables=_C + "register_tables",
+                          table=_P + "register_rows",
+                          table_title="Promotion gates (gate, threshold, value, pass): `champion` needs every "
+                                      "gate to pass",
+                          summary="promotion gates and the model card"),
 }
 
 
@@ -322,6 +386,7 @@ def plan(lc: LoadedConfig, store: StageStore | None = None) -> dict[str, StagePl
     store = store or StageStore(lc.workdir)
     out: dict[str, StagePlan] = {}
     for spec in STAGES.values():
+        check_declared(spec)                # a declared suite file that is missing: fail before any work
         up = {u: out[u].fingerprint for u in spec.upstream}
         section = stage_config(lc, spec.name)
         inputs = spec.inputs(lc) if spec.inputs else None
@@ -415,7 +480,8 @@ def _execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: bo
         folders: list[Path] = []
         mapper = hooks.pop("mapper", None)
         art = store.write(name, p.fingerprint, lambda out: partitions.run_partitioned(
-            name, lc, upstream, out, p.fingerprint, mapper, on_keys=folders.extend), base, check=checked)
+            name, lc, upstream, out, p.fingerprint, mapper, on_keys=folders.extend, target=spec.partitions), base,
+            check=checked)
         partitions.cleanup(folders)        # stored: the partitions are merged into it (kept after a failure)
         return art, False
     hooks.pop("mapper", None)

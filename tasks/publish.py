@@ -1,13 +1,12 @@
 """What a stage shows the world: metrics, statistics tables, lineage and Prefect artifacts.
 
 Per-stage facts come from the stage's manifest (written by ``mlm_core``); this module only
-formats them. Each stage registers how its per-language table is built in ``TABLES``.
+formats them. Which function builds a stage's table and plots is declared in its ``StageSpec`` (``table``,
+``table_title``, ``plots``: "module:attribute" references), not in a table here.
 """
 from __future__ import annotations
 
 import errno
-from typing import Callable
-
 from mlm_core.store import Artifact
 
 TRANSIENT_ERRNOS = {errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED,
@@ -27,7 +26,7 @@ def is_transient(state) -> bool:
     return False
 
 
-def _normalize_rows(art: Artifact) -> list[dict]:
+def normalize_rows(art: Artifact) -> list[dict]:
     rows = []
     for lang, s in sorted(art.manifest.get("languages", {}).items()):
         rows.append({"lang": lang, "records": s["records"], "docs": s["docs"], "chars": s["chars"],
@@ -37,7 +36,7 @@ def _normalize_rows(art: Artifact) -> list[dict]:
     return rows
 
 
-def _tokenizer_rows(art: Artifact) -> list[dict]:
+def tokenizer_rows(art: Artifact) -> list[dict]:
     # the limits the output was last validated against (thresholds are not part of the stored output)
     tcfg = (art.manifest.get("thresholds") or {}).get("tokenizer") or {}
     per_lang = tcfg.get("max_fertility_per_lang") or {}
@@ -48,7 +47,7 @@ def _tokenizer_rows(art: Artifact) -> list[dict]:
             for lang, s in sorted(art.manifest.get("languages", {}).items())]
 
 
-def _shards_rows(art: Artifact) -> list[dict]:
+def shards_rows(art: Artifact) -> list[dict]:
     langs = art.manifest.get("languages", {})
     return [{"lang": r["lang"], "docs": langs[r["lang"]]["docs_train"] + langs[r["lang"]]["docs_validation"],
              "tokens_train": r["n"], "sequences_train": langs[r["lang"]]["rows_train"],
@@ -56,7 +55,7 @@ def _shards_rows(art: Artifact) -> list[dict]:
             for r in art.manifest.get("sampling", {}).get("table", [])]
 
 
-def _pretrain_rows(art: Artifact) -> list[dict]:
+def pretrain_rows(art: Artifact) -> list[dict]:
     """[MASK]-only top-1 vs the baseline first (what measures learning), then the all-target (80/10/10) figures."""
     from mlm_core.train.stage import beats_baseline
     def masked(r: dict) -> dict:
@@ -70,7 +69,7 @@ def _pretrain_rows(art: Artifact) -> list[dict]:
             for lang, r in sorted(art.manifest.get("eval", {}).items())]
 
 
-def _evaluate_rows(art: Artifact) -> list[dict]:
+def evaluate_rows(art: Artifact) -> list[dict]:
     rows = []
     for lang, r in sorted(art.manifest.get("languages", {}).items()):
         if r.get("missing"):
@@ -82,7 +81,7 @@ def _evaluate_rows(art: Artifact) -> list[dict]:
     return rows
 
 
-def _audit_rows(art: Artifact) -> list[dict]:
+def audit_rows(art: Artifact) -> list[dict]:
     return [dict(r) for r in art.manifest.get("crows", [])]
 
 
@@ -91,26 +90,12 @@ def _sig(v, digits: int = 4):
     return v if not isinstance(v, float) else float(f"{v:.{digits}g}")
 
 
-def _register_rows(art: Artifact) -> list[dict]:
+def register_rows(art: Artifact) -> list[dict]:
     return [{"gate": g["name"], "threshold": _sig(g["threshold"]), "value": _sig(g["value"]),
              "pass": g["passed"], "detail": g["detail"]} for g in art.manifest.get("gates", [])]
 
 
-# What each stage's table is, as its heading and its table artifact's description (default: per language).
-TABLE_TITLES = {"register": "Promotion gates (gate, threshold, value, pass): `champion` needs every gate to pass",
-                "audit": "CrowS-Pairs per language"}
-
-
-def table_title(stage: str) -> str:
-    return TABLE_TITLES.get(stage, "Per-language statistics")
-
-
-TABLES: dict[str, Callable[[Artifact], list[dict]]] = {
-    "normalize": _normalize_rows, "tokenizer": _tokenizer_rows, "shards": _shards_rows, "pretrain": _pretrain_rows,
-    "evaluate": _evaluate_rows, "audit": _audit_rows, "register": _register_rows}
-
-
-def _shares_plot(art: Artifact, dest) -> list:
+def shares_plot(art: Artifact, dest) -> list:
     """Natural vs temperature-sampled language shares for several α (PNG under ``dest``)."""
     from pathlib import Path
 
@@ -141,20 +126,35 @@ def _shares_plot(art: Artifact, dest) -> list:
     return [out]
 
 
-PLOTS: dict[str, Callable[[Artifact, object], list]] = {
-    "shards": _shares_plot,
-    "evaluate": lambda art, dest: [p for p in [art.path / "reliability.png"] if p.exists()],  # written by the stage
-}
+def reliability_plot(art: Artifact, dest) -> list:
+    """evaluate's reliability diagram (written by the stage)."""
+    return [p for p in [art.path / "reliability.png"] if p.exists()]
+
+
+def _declared(stage: str, what: str):
+    """The function stage ``stage`` declares as ``what`` in its spec (``mlm_core.stages.StageSpec``), or None."""
+    from mlm_core import stages
+    spec = stages.STAGES.get(stage)
+    ref = getattr(spec, what) if spec is not None else None
+    return stages.resolve(ref) if ref else None
+
+
+def table_title(stage: str) -> str:
+    """The heading of a stage's table and its table artifact's description (``StageSpec.table_title``)."""
+    from mlm_core import stages
+    spec = stages.STAGES.get(stage)
+    return spec.table_title if spec is not None else "Per-language statistics"
 
 
 def plots(stage: str, art: Artifact, dest) -> list:
-    """Figure files to log with a stage's run (new ones are drawn under ``dest``)."""
-    fn = PLOTS.get(stage)
+    """Figure files to log with a stage's run (``StageSpec.plots``; new ones are drawn under ``dest``)."""
+    fn = _declared(stage, "plots")
     return fn(art, dest) if fn else []
 
 
 def table_rows(stage: str, art: Artifact) -> list[dict]:
-    fn = TABLES.get(stage)
+    """The stage's statistics table (``StageSpec.table``), as rows."""
+    fn = _declared(stage, "table")
     return fn(art) if fn else []
 
 

@@ -29,9 +29,8 @@ def _stub(name):
 def counted(monkeypatch):
     """Every stage a stub (no contract); ``stages.plan`` counted; no Prefect server start, no signal handlers."""
     for name, spec in list(stages.STAGES.items()):
-        monkeypatch.setitem(stages.STAGES, name, dataclasses.replace(spec, run=_stub(name), partitioned=False))
-    import tasks.stage
-    monkeypatch.setattr(tasks.stage, "validate_stage", lambda *a, **k: None)
+        monkeypatch.setitem(stages.STAGES, name, dataclasses.replace(spec, run=_stub(name), partitions=None,
+                                                                     suite=None))
     for mod, attr in (("flows.ephemeral", "start"), ("mlm_core.train.signals", "install")):
         m = importlib.import_module(mod)
         monkeypatch.setattr(m, attr, lambda *a, **k: None)

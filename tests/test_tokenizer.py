@@ -215,10 +215,10 @@ def test_per_language_stats(trained, algo):
 def test_fertility_limits_per_language(corpus, tmp_path):
     m = run_tokenizer(config(SENTENCES, algorithm="bpe", vocab_size=300, max_fertility_per_lang={"zh": 8.0},
                              max_unk_rate=0.0), {"normalize": corpus}, tmp_path)
-    from tasks.validation.contracts import _tokenizer_tables
+    from tasks.validation.contracts import tokenizer_tables
     manifest = {**m, "config": {"tokenizer": {"max_fertility": 4.0, "max_fertility_per_lang": {"zh": 8.0},
                                               "max_unk_rate": 0.0, "min_vocab_fraction": 0.5, "vocab_size": 300}}}
-    stats = _tokenizer_tables(tmp_path, {"manifest": manifest})["stats"]
+    stats = tokenizer_tables(tmp_path, {"manifest": manifest})["stats"]
     rows = {r["lang"]: r for r in stats.to_dict("records")}
     assert rows["zh"]["max_fertility"] == 8.0 and rows["en"]["max_fertility"] == 4.0
     assert rows["hi"]["max_unk_rate"] == 0.0

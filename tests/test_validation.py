@@ -89,13 +89,45 @@ def test_shipped_suite_loads_completely():
 
 
 def test_every_stage_has_a_suite_that_loads_completely():
-    from mlm_core.stages import STAGES
-    import tasks.validation.contracts  # noqa: F401  (registers the table providers)
-    for stage in STAGES:
-        suite, raw = v.load_suite(v.SCHEMAS_DIR / f"{stage}.suite.json")
+    """Every shipped stage declares a suite (StageSpec.suite) whose file exists and loads in full, and the table
+    and parameter providers it declares resolve."""
+    from mlm_core.stages import STAGES, check_declared, suite_path
+    for stage, spec in STAGES.items():
+        assert spec.suite is not None, f"{stage} declares no data contract"
+        check_declared(spec)
+        suite, raw = v.load_suite(suite_path(stage))
         assert len(suite.expectations) == len(raw["expectations"]) >= 3, stage
-        assert stage in v.TABLES, f"no table provider for {stage}"
+        assert callable(v.table_provider(stage)), f"no table provider for {stage}"
         assert {e["meta"]["table"] for e in raw["expectations"]}, stage
+        params = {p for e in raw["expectations"] for p in _parameters(e)}
+        assert not params or callable(v.parameter_provider(stage)), f"{stage}: suite parameters {params}, no provider"
+
+
+def _parameters(obj) -> set:
+    if isinstance(obj, dict):
+        return {obj["$PARAMETER"]} if set(obj) == {"$PARAMETER"} else set().union(*map(_parameters, obj.values()))
+    return set().union(*map(_parameters, obj)) if isinstance(obj, list) else set()
+
+
+def test_a_declared_suite_file_that_is_missing_fails_at_plan_time(tmp_path):
+    """Not a warning at run time: planning names the stage and the missing file."""
+    import dataclasses
+
+    from mlm_core import stages
+    from mlm_core.configio import load_config
+    from mlm_core.errors import PlanError
+    (tmp_path / "en.txt").write_text("A sentence long enough to keep.\n", encoding="utf-8")
+    lc = load_config(raw={"workdir": str(tmp_path / "w"), "sources": {"en": {"paths": [str(tmp_path / "en.txt")]}}})
+    spec = dataclasses.replace(stages.STAGES["audit"], suite="no_such_suite")
+    with pytest.raises(PlanError, match=r"'audit'.*no_such_suite\.suite\.json"):
+        stages.check_declared(spec)
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setitem(stages.STAGES, "audit", spec)
+        with pytest.raises(PlanError, match="no_such_suite"):
+            stages.plan(lc)
+    finally:
+        mp.undo()
 
 
 def test_missing_suite_parameter_is_a_suite_error(tmp_path):
@@ -153,6 +185,6 @@ def test_sample_is_bounded_and_repeatable(tmp_path):
     assert report.success
     assert report.n_rows_sampled["docs_sample"] == 100
     opts = {"manifest": manifest(languages=("en",)), "sample_rows": 100, "seed": 7}
-    a = v.TABLES["normalize"](out, opts)["docs_sample"]["doc_id"].tolist()
-    b = v.TABLES["normalize"](out, opts)["docs_sample"]["doc_id"].tolist()
+    a = v.table_provider("normalize")(out, opts)["docs_sample"]["doc_id"].tolist()
+    b = v.table_provider("normalize")(out, opts)["docs_sample"]["doc_id"].tolist()
     assert a == b and len(set(a)) == 100

@@ -168,7 +168,8 @@ def run_normalize(lc, out_dir: Path, mapper=None) -> dict:
     """Run the stage into ``out_dir`` outside the store (its partitions in ``out_dir/_parts``, then removed)."""
     from mlm_core.partitions import run_partitioned
     try:
-        return run_partitioned("normalize", lc, {}, out_dir, "direct", mapper, root=out_dir / "_parts")
+        return run_partitioned("normalize", lc, {}, out_dir, "direct", mapper, root=out_dir / "_parts",
+                               target="mlm_core.normalize.partitioned:STAGE")
     finally:
         shutil.rmtree(out_dir / "_parts", ignore_errors=True)
 

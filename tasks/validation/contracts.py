@@ -3,14 +3,13 @@
 Tables are pandas DataFrames built from a stage's statistics files in full, plus bounded random
 samples of its rows (so validation cost stays flat as the corpus grows). Parameters fill the
 suite's ``{"$PARAMETER": name}`` placeholders from the run's config (recorded in the manifest).
-The suites themselves are ``schemas/<stage>.suite.json``. No great_expectations import here.
+The suites themselves are ``schemas/<suite>.suite.json``. Which functions serve a stage is declared in its
+``StageSpec`` (``contract_tables``, ``contract_parameters``). No great_expectations import here.
 """
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-
-from tasks.validation.providers import register_parameters, register_tables
 
 log = logging.getLogger(__name__)
 
@@ -18,16 +17,14 @@ log = logging.getLogger(__name__)
 CONTROL_RE = r"[\x00-\x1f\x7f-\x9f]"
 
 
-@register_parameters("normalize")
-def _normalize_parameters(manifest: dict) -> dict:
+def normalize_parameters(manifest: dict) -> dict:
     cfg = manifest["config"]["normalize"]
     return {"languages": list(manifest["languages"]), "min_chars": cfg["min_chars"],
             "max_chars": cfg["max_chars"], "max_quarantine_rate": cfg["max_quarantine_rate"],
             "min_docs": cfg.get("min_docs_per_language", 1)}
 
 
-@register_tables("normalize")
-def _normalize_tables(out_dir: Path, options: dict) -> dict:
+def normalize_tables(out_dir: Path, options: dict) -> dict:
     import duckdb
     import pyarrow.parquet as pq
 
@@ -56,8 +53,7 @@ def _normalize_tables(out_dir: Path, options: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------------------------------
 # tokenizer
-@register_parameters("tokenizer")
-def _tokenizer_parameters(manifest: dict) -> dict:
+def tokenizer_parameters(manifest: dict) -> dict:
     cfg = manifest["config"]["tokenizer"]
     size, least = cfg["vocab_size"], int(cfg["min_vocab_fraction"] * cfg["vocab_size"])
     if manifest.get("source"):   # an existing tokenizer (tokenizer.from): its own size, + up to tokenizer.extend
@@ -67,8 +63,7 @@ def _tokenizer_parameters(manifest: dict) -> dict:
             "special_tokens": [f"{r}={t['token']}:{t['id']}" for r, t in manifest["special_tokens"].items()]}
 
 
-@register_tables("tokenizer")
-def _tokenizer_tables(out_dir: Path, options: dict) -> dict:
+def tokenizer_tables(out_dir: Path, options: dict) -> dict:
     """stats: per language, with `fertility` = tokens per word, or per character for languages written
     without spaces (zh, ja, th...), next to its limit; specials: what tokenizer.json really holds."""
     import json
@@ -110,14 +105,12 @@ def _tokenizer_tables(out_dir: Path, options: dict) -> dict:
 
 # ---------------------------------------------------------------------------------------------------------------
 # shards
-@register_parameters("shards")
-def _shards_parameters(manifest: dict) -> dict:
+def shards_parameters(manifest: dict) -> dict:
     langs = sorted(set(manifest["config"]["languages"]) - set(manifest.get("dropped_languages", [])))
     return {"languages": langs, "seq_len": int(manifest["seq_len"]), "max_id": int(manifest["vocab_size"]) - 1}
 
 
-@register_tables("shards")
-def _shards_tables(out_dir: Path, options: dict) -> dict:
+def shards_tables(out_dir: Path, options: dict) -> dict:
     """shards: one row per file (from the manifest); sampling: the table; rows_sample: a bounded random sample
     of sequences read through the memory-mapped files, with their length, max token id and padding count."""
     import numpy as np
@@ -152,13 +145,11 @@ def _json(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
-@register_parameters("pretrain")
-def _pretrain_parameters(manifest: dict) -> dict:
+def pretrain_parameters(manifest: dict) -> dict:
     return {"languages": sorted(manifest.get("eval", {}))}
 
 
-@register_tables("pretrain")
-def _pretrain_tables(out_dir: Path, options: dict) -> dict:
+def pretrain_tables(out_dir: Path, options: dict) -> dict:
     import pandas as pd
     ev = _json(out_dir / "eval.json").get("eval", {})
     # the learning test is on [MASK] positions only (an output written before that scoring: its all-target figures)
@@ -173,13 +164,11 @@ def _pretrain_tables(out_dir: Path, options: dict) -> dict:
                                   "steps": options["manifest"].get("steps")}])}
 
 
-@register_parameters("evaluate")
-def _evaluate_parameters(manifest: dict) -> dict:
+def evaluate_parameters(manifest: dict) -> dict:
     return {"languages": sorted(manifest.get("languages", {}))}
 
 
-@register_tables("evaluate")
-def _evaluate_tables(out_dir: Path, options: dict) -> dict:
+def evaluate_tables(out_dir: Path, options: dict) -> dict:
     import pyarrow.parquet as pq
     import pandas as pd
     intr = pq.read_table(out_dir / "intrinsic.parquet").to_pandas()
@@ -224,14 +213,12 @@ def _prediction_scores(out_dir: Path, transfer):
                          "untrained_diff": (m["untrained_acc"].astype("float64") - untrained).abs().astype("float64")})
 
 
-@register_tables("audit")
-def _audit_tables(out_dir: Path, options: dict) -> dict:
+def audit_tables(out_dir: Path, options: dict) -> dict:
     import pyarrow.parquet as pq
     return {"crows": pq.read_table(out_dir / "crows.parquet").to_pandas()}
 
 
-@register_tables("register")
-def _register_tables(out_dir: Path, options: dict) -> dict:
+def register_tables(out_dir: Path, options: dict) -> dict:
     import pandas as pd
     gates = _json(out_dir / "gates.json")
     return {"gates": pd.DataFrame(gates, columns=["name", "passed", "value", "threshold", "detail"])}

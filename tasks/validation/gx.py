@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.validation.providers import PARAMETERS, TABLES
+from tasks.validation.providers import parameter_provider, table_provider
 from tasks.validation.report import ValidationFailed, ValidationReport, describe, offending, outcome
-from tasks.validation.suite import SCHEMAS_DIR, SuiteError, parameter_names, read_suite_json
+from tasks.validation.suite import SuiteError, parameter_names, read_suite_json
 
 log = logging.getLogger(__name__)
 logging.getLogger("great_expectations").setLevel(logging.WARNING)
@@ -105,26 +105,29 @@ def load_suite(path: Path) -> tuple[object, dict]:
 
 def validate_stage(stage: str, out_dir: Path, manifest: dict, *, sample_rows: int = 10_000, seed: int = 0,
                    schemas_dir: Path | None = None) -> ValidationReport:
-    """Validate ``out_dir`` against ``schemas/<stage>.suite.json``; raise ValidationFailed on a critical failure."""
-    import tasks.validation.contracts  # noqa: F401  (registers every stage's tables and parameters)
+    """Validate ``out_dir`` against the suite its ``StageSpec`` declares (``schemas/<suite>.suite.json``), on the
+    tables and parameters it declares; raise ValidationFailed on a critical failure. A stage declaring no suite
+    has no contract; a declared suite file that is missing is a SuiteError (``plan`` reports it first)."""
+    from mlm_core import stages
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
-    path = Path(schemas_dir or SCHEMAS_DIR) / f"{stage}.suite.json"
-    if stage not in TABLES:
-        if path.exists():
-            raise SuiteError(f"{path} exists but no table provider is registered for stage {stage!r} "
-                             f"(add one with @register_tables({stage!r}) in tasks.validation)")
-        log.warning("validation: stage %r has no data contract (no %s); skipped", stage, path.name)
+    spec = stages.STAGES.get(stage)
+    if spec is None or spec.suite is None:
+        log.info("validation: stage %r declares no data contract; skipped", stage)
         return ValidationReport(stage, "(none)", True, [], {}, round(time.perf_counter() - t0, 3))
+    path = Path(schemas_dir) / f"{spec.suite}.suite.json" if schemas_dir else stages.suite_path(stage)
+    tables_fn, params_fn = table_provider(stage), parameter_provider(stage)
+    if tables_fn is None:
+        raise SuiteError(f"stage {stage!r} declares the suite {path.name} but no contract_tables (StageSpec)")
 
-    raw = read_suite_json(path)
+    raw = read_suite_json(path)       # missing: SuiteError naming the file
     suite_name = raw.get("name", path.stem)
-    params = PARAMETERS[stage](manifest) if stage in PARAMETERS else {}
+    params = params_fn(manifest) if params_fn else {}
     missing = parameter_names(raw["expectations"]) - set(params)
     if missing:
         raise SuiteError(f"{path}: suite parameter(s) {', '.join(sorted(missing))} are not provided "
-                         f"for stage {stage!r} (see @register_parameters in tasks.validation)")
-    tables = TABLES[stage](out_dir, {"manifest": manifest, "sample_rows": sample_rows, "seed": seed})
+                         f"for stage {stage!r} (StageSpec.contract_parameters)")
+    tables = tables_fn(out_dir, {"manifest": manifest, "sample_rows": sample_rows, "seed": seed})
     by_table: dict[str, list[dict]] = {}
     for i, e in enumerate(raw["expectations"]):
         by_table.setdefault(e["meta"]["table"], []).append(

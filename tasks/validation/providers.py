@@ -1,9 +1,9 @@
-"""Who provides a stage's tables and suite parameters: the registries ``contracts`` fills.
+"""Who provides a stage's tables and suite parameters: what its ``StageSpec`` declares (``mlm_core.stages``).
 
-A *table provider* (``TABLES[stage]``, registered with ``@register_tables``) turns a stage's output folder into
-small pandas DataFrames: full statistics tables plus a bounded DuckDB reservoir sample of the big tables, so
-Great Expectations' cost does not grow with the corpus. Config-dependent thresholds are suite parameters
-(``{"$PARAMETER": "max_chars"}``) whose values come from ``PARAMETERS[stage]`` (``@register_parameters``).
+A *table provider* (``StageSpec.contract_tables``) turns a stage's output folder into small pandas DataFrames:
+full statistics tables plus a bounded DuckDB reservoir sample of the big tables, so Great Expectations' cost does
+not grow with the corpus. Config-dependent thresholds are suite parameters (``{"$PARAMETER": "max_chars"}``) whose
+values come from ``StageSpec.contract_parameters``. The existing stages' providers are in ``contracts``.
 """
 from __future__ import annotations
 
@@ -16,21 +16,20 @@ if TYPE_CHECKING:
 # A provider gets (out_dir, options) with options = {"manifest", "sample_rows", "seed"}
 # and returns {table name: DataFrame}.
 TableProvider = Callable[[Path, dict], "dict[str, pd.DataFrame]"]
-TABLES: dict[str, TableProvider] = {}
-PARAMETERS: dict[str, Callable[[dict], dict]] = {}
 
 
-def register_tables(stage: str) -> Callable[[TableProvider], TableProvider]:
-    """Decorator: ``fn(out_dir, options) -> {table: DataFrame}`` provides the tables of ``stage``."""
-    def deco(fn: TableProvider) -> TableProvider:
-        TABLES[stage] = fn
-        return fn
-    return deco
+def _declared(stage: str, what: str):
+    from mlm_core import stages
+    spec = stages.STAGES.get(stage)
+    ref = getattr(spec, what) if spec is not None else None
+    return stages.resolve(ref) if ref else None
 
 
-def register_parameters(stage: str) -> Callable:
-    """Decorator: ``fn(manifest) -> {name: value}`` fills the suite's ``$PARAMETER`` placeholders."""
-    def deco(fn: Callable[[dict], dict]) -> Callable[[dict], dict]:
-        PARAMETERS[stage] = fn
-        return fn
-    return deco
+def table_provider(stage: str) -> TableProvider | None:
+    """``fn(out_dir, options) -> {table: DataFrame}`` declared by ``stage`` (None: it declares none)."""
+    return _declared(stage, "contract_tables")
+
+
+def parameter_provider(stage: str) -> Callable[[dict], dict] | None:
+    """``fn(manifest) -> {name: value}`` filling the suite's ``$PARAMETER`` placeholders (None: no parameters)."""
+    return _declared(stage, "contract_parameters")
