@@ -51,7 +51,7 @@ def prepare(out: Path) -> dict:
     import yaml
 
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.shards.build import plan_shards, process_shards
     from mlm_core.store import StageStore
     raw = {"name": "merge-bench", "workdir": str(out / "work"),
@@ -124,7 +124,7 @@ def calibrate(workers: list[int]) -> None:
 def job(out: Path, copies: int, variant: str, tag: str) -> None:
     """One merge in this (fresh) process; prints a JSON line."""
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.shards.build import merge_shards
     from mlm_core.store import StageStore
     prep = json.loads((out / "prep.json").read_text())

@@ -56,7 +56,7 @@ def job_ours(root: Path, size: int) -> dict:
 
     import mlm_core.normalize.stage  # noqa: F401
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     pa.array([0])
     imports = time.perf_counter() - t_imp
     work = root / f"ours-{size}MB"
@@ -127,13 +127,13 @@ def job_profile(root: Path, size: int) -> dict:
                                                      "import pyarrow, pyarrow.compute, pyarrow.parquet"),
                        ("pandas (pyarrow's first pa.array)", "import pyarrow as pa; pa.array([0])"),
                        ("duckdb", "import duckdb"), ("mlm_core.stages + config (pydantic)",
-                                                     "import mlm_core.stages, mlm_core.configio"),
+                                                     "import mlm_core.stages, mlm_core.config.io"),
                        ("mlm_core.normalize.stage (rest)", "import mlm_core.normalize.stage")):
         t = time.perf_counter()
         exec(stmt, {})
         imports[name] = time.perf_counter() - t
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     lc = load_config(raw={"name": "bench-normalize", "workdir": str(root / f"profile-{size}MB"),
                           "sources": {lang: {"paths": fs} for lang, fs in _files(root, size).items()},
                           "normalize": {"workers": WORKERS, "min_chars": MIN_CHARS, "max_chars": MAX_CHARS}})

@@ -96,7 +96,7 @@ class Timers:
 def job_direct(scratch: Path) -> dict:
     t0 = time.perf_counter()
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     out = {"import_s": time.perf_counter() - t0, "runs": []}
     for i in range(2):
         work = scratch / f"direct-{i}"

@@ -32,7 +32,7 @@ def run_variant(config: Path, name: str, overrides: list[str], threads: int | No
     import torch
 
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.evaluate.intrinsic import run_intrinsic
     if threads:
         torch.set_num_threads(threads)

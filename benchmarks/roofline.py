@@ -122,7 +122,7 @@ def main(argv=None) -> int:
 
     import train_throughput as tt
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     root = Path(args.out).resolve()
     root.mkdir(parents=True, exist_ok=True)
     t_all = time.perf_counter()

@@ -92,7 +92,7 @@ def run_stage(lc, name: str) -> dict:
 def job(args) -> None:
     """One fresh process: the stages in order, each timed; prints the JSON result line."""
     from flows.ephemeral import start
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     over = overrides_for(args.engine, args.address)
     lc = load_config(args.config, over)
     os.environ["PREFECT_HOME"] = str(Path(lc.workdir) / "prefect")

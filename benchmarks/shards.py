@@ -151,7 +151,7 @@ def _artifacts(root: Path):
 
 
 def job_ours(root: Path, seq_len: int, workers: int) -> dict:
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.shards import run_shards
     norm, tok = _artifacts(root)
     out = root / f"ours-w{workers}"

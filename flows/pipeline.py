@@ -17,7 +17,7 @@ from pydantic import Field
 
 from mlm_core import stages
 from mlm_core.commands import run_command
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 from tasks import summary, sweep_link
 from tasks import engine
 from tasks.stage import run_stage

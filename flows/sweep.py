@@ -1,7 +1,7 @@
 """The ``mlm-sweep`` Prefect flow and ``run_sweep``, the one function ``mlm sweep SWEEP.yaml`` and the flow call.
 
 1. Load and validate the sweep (``mlm_core.sweep``: every run's config checked before any work).
-2. Plan every run (``mlm_core.sweep_plan``) and print the table of shared / stored / to-run stage outputs;
+2. Plan every run (``mlm_core.sweep.plan``) and print the table of shared / stored / to-run stage outputs;
    ``dry_run`` stops here (nothing is written).
 3. Open the sweep's MLflow run, write ``<workdir>/sweeps/<name>/plan.json``, and run every run that is not
    complete through the pipeline: with concurrency 1 the ``mlm-pipeline`` flow in this process (a subflow of
@@ -26,7 +26,7 @@ from pydantic import Field
 
 from mlm_core.errors import MlmError
 from mlm_core.sweep import load_sweep
-from mlm_core.sweep_plan import plan_document, plan_sweep, table_lines, write_plan
+from mlm_core.sweep.plan import plan_document, plan_sweep, table_lines, write_plan
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
     publish_plan(lines, sweep.config.name)
     if dry_run:
         return plan_document(sp)
-    from mlm_core.sweep_plan import read_plan
+    from mlm_core.sweep.plan import read_plan
     from tasks.sweep import SweepTracker
     cfg = sweep.config
     tracker = SweepTracker(sweep, params={"sweep_file": sweep_path, "base": str(sweep.base_path), "runs": len(sp.runs),

@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 from typing import Sequence
 
-from mlm_core.configio import ConfigError
+from mlm_core.config.io import ConfigError
 
 PLACEHOLDER = "CONFIG"          # a config given as a dict (no file): nothing better to print
 DEFAULT_NAMES = ("mlm.yaml",)   # looked for in the current directory first

@@ -88,7 +88,7 @@ def config_context(lc) -> dict:
 
 def load_context(ctx: dict):
     from mlm_core.config import PipelineConfig
-    from mlm_core.configio import LoadedConfig
+    from mlm_core.config.io import LoadedConfig
     return LoadedConfig(PipelineConfig.model_validate(ctx["config"]), Path(ctx["path"]) if ctx["path"] else None,
                         Path(ctx["base_dir"]), tuple(ctx["overrides"]))
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Literal
 from mlm_core.config import (
     FINGERPRINTED, TRAJECTORY, PipelineConfig, effect_view, field_effect, omitted_at_default,
 )
-from mlm_core.configio import LoadedConfig
+from mlm_core.config.io import LoadedConfig
 from mlm_core.errors import PlanError
 from mlm_core.store import Artifact, StageStore, fingerprint
 from mlm_core.train.stage import CODE_VERSION as PRETRAIN_CODE_VERSION
@@ -266,7 +266,7 @@ def _run_audit(lc, upstream, out_dir):
 
 
 def _run_register(lc, upstream, out_dir):
-    from mlm_core.register import run_register
+    from mlm_core.register.stage import run_register
     return run_register(lc, upstream, out_dir)
 
 

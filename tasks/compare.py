@@ -130,7 +130,7 @@ def run_compare(config_path: str, model_a: str, model_b: str, overrides: list[st
     """Compare ``model_a`` (before) with ``model_b`` (after) on the config's held-out data; write the files,
     log the MLflow run, publish the Prefect artifact. Returns {"result", "paths", "run_id", "markdown", ...}."""
     from mlm_core.compare import compare_models, markdown, write_outputs
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.external import content_hash
     from tasks.tracking import Tracker, resolve_tracking_uri
     from tasks import external

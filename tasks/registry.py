@@ -100,7 +100,7 @@ def _register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str, 
         log.info("%s version %s is already registered for pretrain output %s; reusing it", name, existing,
                  art.fingerprint)
         return existing
-    from mlm_core.modelcard import summary
+    from mlm_core.register.modelcard import summary
     from tasks.mlflow_model import log_and_register
     up = art.manifest.get("upstream", {})
     # a handful of tags, so the version page shows them (and its aliases) at a glance: the fingerprints that
@@ -262,8 +262,8 @@ def promote(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) ->
 
 
 def _promote(art: Artifact, tracker: tracking.Tracker, run_id: str, lc) -> int | None:
-    from mlm_core.gates import GateResult
-    from mlm_core.register import card
+    from mlm_core.register.gates import GateResult
+    from mlm_core.register.stage import card
     from mlm_core.store import StageStore
     name = lc.config.registry.model_name
     reg = art.typed()                       # mlm_core.artifacts.Registration

@@ -24,7 +24,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from mlm_core import stages
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 from mlm_core.store import StageStore
 from tasks import orchestrator, progress_log, publish, registry
 from tasks.tracking import Tracker

@@ -1,6 +1,6 @@
 """What a sweep needs besides the pipeline itself: its MLflow parent run, a run in a child process, its artifact.
 
-In: a planned sweep (``mlm_core.sweep_plan``). Out:
+In: a planned sweep (``mlm_core.sweep.plan``). Out:
 - ``SweepTracker``: one MLflow run for the sweep (tagged ``mlm.kind=sweep``, ``sweep=<name>``, its plan.json
   logged; a rerun reopens the run plan.json names, so a resumed sweep stays one run); each variant's pipeline run nests under it through ``tasks.sweep_link`` (``run_pipeline`` reads the
   link), tagged ``sweep``, ``variant`` and ``seed``.

@@ -90,7 +90,7 @@ def write_inputs(root: Path, seed: int = 0) -> dict[str, Path]:
 
 
 def toy_config(root: Path, files: dict[str, Path], *, steps: int, cda: bool = False, reg: dict | None = None):
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     pre = {"steps": steps, "batch_size": 16, "lr": 5e-3, "warmup_steps": 30, "log_every": 50, "eval_every": 10_000,
            "checkpoint_every": 10_000, "eval_batches": 1, "device": "cpu", "compile": "off",
            "masking": {"rate": 0.3},

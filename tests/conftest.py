@@ -103,7 +103,7 @@ def run_demo_pipeline(tmp_path: Path, n_lines: int, **sections) -> dict:
     -> shards -> pretrain -> evaluate, run by ``mlm_core.stages`` over the first ``n_lines`` lines of the
     demo corpus' en and fr (copied under ``tmp_path``, workdir ``tmp_path/work``, seed 3, one worker).
     Each of ``sections`` (tokenizer, shards, pretrain, evaluate) is merged over that section's defaults."""
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.stages import execute, plan
     sources = {}
     for lang in ("en", "fr"):

@@ -33,7 +33,7 @@ def adapted(tmp_path_factory, shared_data):
     import yaml
 
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     root = tmp_path_factory.mktemp("adapt")
     # the base: the demo's recipe (WordPiece, token masking) on 150 demo-corpus lines per language
     sources = {}

@@ -88,7 +88,7 @@ def _cfg(tmp_path):
 
 def test_a_stage_added_by_its_declaration_runs_through_the_generic_task(tmp_path, with_stats):
     from mlm_core import partitions
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from tasks import publish, validation
     from tasks.stage import run_stage
     assert len(HAND_WRITTEN) <= 4
@@ -130,7 +130,7 @@ def test_a_stage_added_by_its_declaration_runs_through_the_generic_task(tmp_path
 
 
 def test_a_declared_suite_that_is_missing_fails_planning(tmp_path, with_stats):
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.errors import PlanError
     (with_stats / "stats.suite.json").unlink()
     with pytest.raises(PlanError, match=r"'stats' declares the data contract 'stats'.*stats\.suite\.json"):

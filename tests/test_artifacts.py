@@ -95,15 +95,15 @@ def test_the_report_reads_the_types(pipeline_out, tmp_path):  # noqa: F811
 
 
 def test_the_model_card_reads_the_types(pipeline_out):  # noqa: F811
-    from mlm_core.gates import GateResult
-    from mlm_core.register import card
+    from mlm_core.register.gates import GateResult
+    from mlm_core.register.stage import card
     lc, arts = pipeline_out
     reg = arts["register"]
     gates = [GateResult(**g) for g in reg.manifest["gates"]]
     again = card(lc, {s: arts[s] for s in ("pretrain", "evaluate", "audit")}, gates, "pending", reg.manifest["passed"])
     assert again == (reg.path / "model_card.md").read_text(encoding="utf-8")
     # the typed artifacts and their raw manifests give the same card (the types' fields are the manifest keys)
-    from mlm_core.modelcard import model_card
+    from mlm_core.register.modelcard import model_card
     kw = dict(name="m", version=1, fingerprints={}, data={}, evaluation={}, audit={}, gates=gates, promoted=False)
     typed = model_card(tokenizer=arts["tokenizer"].typed(), training=arts["pretrain"].typed(), **kw)
     raw = model_card(tokenizer=arts["tokenizer"].manifest, training=arts["pretrain"].manifest, **kw)

@@ -13,7 +13,7 @@ import yaml
 
 from conftest import REPO, write_lines
 from mlm_core import stages
-from mlm_core.configio import ConfigError, load_config
+from mlm_core.config.io import ConfigError, load_config
 from mlm_core.errors import PlanError
 
 HEADER = "sent_more,sent_less,stereo_antistereo,bias_type\n"

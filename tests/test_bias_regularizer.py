@@ -258,7 +258,7 @@ def test_training_logs_bias_reg_and_adds_weight_times_it(shards, tmp_path, objec
 
 def test_stage_fingerprint_reads_the_lists_content(shards, tmp_path):
     """The list's content (not its path) enters the pretrain inputs and the trajectory key; unset: no input."""
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.stages import STAGES
     from mlm_core.train.stage import trajectory_key
     from conftest import REPO
@@ -284,7 +284,7 @@ def test_stage_fingerprint_reads_the_lists_content(shards, tmp_path):
 
 def test_stage_trains_with_the_regularizer(shards, tmp_path):
     """The stage builds the group table from the config's lists and the run's tokenizer, and says so."""
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.train.stage import run_pretrain
     from conftest import REPO
     (tmp_path / "unused.txt").write_text("x\n")

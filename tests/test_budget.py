@@ -8,7 +8,7 @@ import math
 import pytest
 
 from mlm_core import budget
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 
 
 def cfg(*overrides: str, **pretrain):

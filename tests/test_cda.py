@@ -148,7 +148,7 @@ def test_shipped_lists_load():
 def test_config_language_not_in_sources(tmp_path):
     from conftest import write_en_ru_config
 
-    from mlm_core.configio import ConfigError, load_config
+    from mlm_core.config.io import ConfigError, load_config
     cfg = write_en_ru_config(tmp_path, "x", 5, shards={"cda": {"lists": {"en": str(LISTS / "en.yaml"),
                                                                        "de": str(LISTS / "de.yaml")}}})
     with pytest.raises(ConfigError, match=r"shards\.cda\.lists\.de: language 'de' is not in sources \(en, ru\)"):
@@ -202,7 +202,7 @@ def write_config(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory):
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     cfg = write_config(tmp_path_factory.mktemp("cda"))
     lc = load_config(cfg)
     plans = stages.plan(lc)
@@ -213,7 +213,7 @@ def upstream(tmp_path_factory):
 
 def run_shards(cfg: Path, *overrides: str):
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     lc = load_config(cfg, list(overrides))
     plans = stages.plan(lc)
     art, _ = stages.execute(lc, "shards", plans, force=True)
@@ -313,7 +313,7 @@ def test_without_cda_nothing_changes(upstream):
 
 def test_list_content_and_seed_enter_the_fingerprint(upstream):
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     lists = upstream.parent / "lists"
     fp = lambda: stages.plan(load_config(upstream, CDA))["shards"].fingerprint    # noqa: E731
     before = fp()

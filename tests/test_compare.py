@@ -26,7 +26,7 @@ def two_models(tmp_path_factory, shared_data):
     import yaml
 
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     root = tmp_path_factory.mktemp("compare")
     sources = {}
     for lang in LANGS:

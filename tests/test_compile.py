@@ -41,7 +41,7 @@ def pmi_vocab(shards):
     <store root>/tokenizer/<the shards' tokenizer_fingerprint>. Returns {units: hashes}."""
     from tokenizers import Tokenizer
 
-    from mlm_core.config_data import TokenizerConfig
+    from mlm_core.config.data import TokenizerConfig
     from mlm_core.masking.pmi import build_vocabulary, load_collocations
     from mlm_core.store import StageStore
     shard_art, tok_art = shards

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlm_core.configio import ConfigError, load_config, schema_text
+from mlm_core.config.io import ConfigError, load_config, schema_text
 
 REPO = Path(__file__).resolve().parent.parent
 SRC = {"en": {"paths": ["x.txt"]}, "fr": {"paths": ["y.txt"]}}
@@ -120,7 +120,7 @@ def test_json_schema_in_sync_with_models():
 
 
 def test_config_reference_in_sync():
-    from mlm_core.configio import config_reference_markdown
+    from mlm_core.config.io import config_reference_markdown
     on_disk = (REPO / "docs" / "CONFIG.md").read_text(encoding="utf-8")
     assert on_disk == config_reference_markdown(), "docs/CONFIG.md is stale: run `mlm config docs --write`"
     assert "| `tokenizer.vocab_size` |" in on_disk and "## `sources.<lang>`" in on_disk

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mlm_core.configio import ConfigError, load_config
+from mlm_core.config.io import ConfigError, load_config
 
 SOURCES = {"en": {"paths": ["en.txt"]}}
 

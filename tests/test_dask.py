@@ -142,7 +142,7 @@ def sha256s(path: str | Path) -> dict:
 def local_reference(tmp_path_factory):
     """engine local, in-process (no Prefect): the sha256s the Dask runs must reproduce."""
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     tmp = tmp_path_factory.mktemp("local")
     lc = load_config(write_config(tmp, "local"))
     art, _ = stages.execute(lc, "normalize", stages.plan(lc))
@@ -305,7 +305,7 @@ def shards_config(tmp_path: Path, name: str) -> Path:
 def shards_reference(tmp_path_factory):
     """engine local, in-process: normalize, tokenizer, shards."""
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     lc = load_config(shards_config(tmp_path_factory.mktemp("shards-local"), "local"))
     plans = stages.plan(lc)
     return {name: stages.execute(lc, name, plans)[0] for name in ("normalize", "tokenizer", "shards")}

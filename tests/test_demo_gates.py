@@ -33,7 +33,7 @@ HEAVY_FIXTURES = {"demo_run"}   # module fixtures that train or run stages: thei
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     work = tmp_path_factory.mktemp("demo") / "work"
     lc = load_config(REPO / "configs" / "demo.yaml", [f"workdir={work}", *SHORT])
     plans = stages.plan(lc)
@@ -94,7 +94,7 @@ def test_the_plateau_detector_does_not_fire_on_the_demo_model(tmp_path):
     shipped, pretraining only) has left the plateau: the detector judged it and did not fire, and every
     language's [MASK]-only interval lies above the baseline."""
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     lc = load_config(REPO / "configs" / "demo.yaml", [f"workdir={tmp_path / 'work'}", "tracking.enabled=false"])
     plans = stages.plan(lc)
     for name in ("normalize", "tokenizer", "shards"):

@@ -92,7 +92,7 @@ def _evaluation(p95: float = 12.0, params: int = 1000) -> dict:
 
 
 def test_gates_pass_and_fail_on_the_threshold():
-    from mlm_core.gates import evaluate_gates
+    from mlm_core.register.gates import evaluate_gates
     ev = _evaluation()
     ok = evaluate_gates(GatesConfig(min_top1_over_baseline=None, max_p95_latency_ms=12.5, min_throughput=40,
                                     max_peak_memory_mb=100, max_parameters=1000), ev, {})
@@ -106,7 +106,7 @@ def test_gates_pass_and_fail_on_the_threshold():
 
 
 def test_model_card_has_the_efficiency_section(report):
-    from mlm_core.modelcard import model_card
+    from mlm_core.register.modelcard import model_card
     card = model_card(name="m", version=1, fingerprints={}, data={}, tokenizer={}, training={},
                       evaluation={"efficiency": report}, audit={}, gates=[], promoted=False)
     assert "### Efficiency" in card and report["device"] in card

@@ -89,7 +89,7 @@ def test_short_run_beats_both_baselines_in_training_and_in_evaluate(run):
 def test_rtd_metrics_flow_into_the_evaluate_outputs_and_the_gates():
     from mlm_core.config import GatesConfig
     from mlm_core.evaluate.stage import flat_metrics, intrinsic_rows
-    from mlm_core.gates import evaluate_gates
+    from mlm_core.register.gates import evaluate_gates
     ev = {"intrinsic": {"en": {"top1": 0.3, "baseline_top1": 0.1, "rtd_acc": 0.9, "rtd_baseline_acc": 0.86,
                                "rtd_auc": 0.7},
                         "fr": {"top1": 0.3, "baseline_top1": 0.1, "rtd_acc": 0.85, "rtd_baseline_acc": 0.86,

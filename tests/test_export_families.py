@@ -326,7 +326,7 @@ def test_modernbert_init_statistics_equal_transformers(tie):
 def test_family_modernbert_config_is_modernbert_with_transformers_defaults():
     from pydantic import ValidationError
 
-    from mlm_core.configio import ConfigError, load_config
+    from mlm_core.config.io import ConfigError, load_config
     c = ModelConfig(family="modernbert")
     assert (c.norm, c.position, c.attention) == ("pre", "rotary", "local_global")
     arch = resolve_arch(c, 1000, 0)

@@ -90,7 +90,7 @@ def _alive(pid: int) -> bool:
 def upstream(tmp_path_factory):
     """normalize -> tokenizer -> shards of the tiny corpus, computed once (no Prefect) and reused by the tests."""
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     root = tmp_path_factory.mktemp("faults")
     cfg = _config(root, root / "work")
     lc = load_config(cfg)
@@ -109,7 +109,7 @@ torch.set_num_threads(1)
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 from flows import guard
 from mlm_core import stages
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 from mlm_core.train import signals
 signals.install()
 try:
@@ -289,7 +289,7 @@ def test_tracker_lost_mid_training_training_finishes_warns_and_sync_replays(upst
 
     from flows.guard import tracking_warning
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from tasks import tracking
     from tasks.tracking.sync import sync
     for k in tracking.HTTP_ENV_DEFAULTS:

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from conftest import REPO, write_en_ru_config
 from mlm_core import stages
 from mlm_core.config import EFFECTS, PipelineConfig, Section, field_effect, section_type
-from mlm_core.configio import ConfigError, load_config
+from mlm_core.config.io import ConfigError, load_config
 
 DEMO = REPO / "configs" / "demo.yaml"
 

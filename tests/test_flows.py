@@ -152,7 +152,7 @@ def test_validation_failure_fails_stage_and_skips_downstream(cfg_file, prefect_h
     with pytest.raises(ValidationFailed) as e:
         pipeline(config_path=str(cfg_file), overrides=["normalize.min_docs_per_language=1000"])
     assert "expect_column_values_to_be_between" in str(e.value) and "docs" in str(e.value)
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     lc = load_config(cfg_file, ["normalize.min_docs_per_language=1000"])
     assert [p.status for p in stages.plan(lc).values()][1:] == ["missing"] * (len(stages.STAGES) - 1)
     failed = [r for r in _runs(cfg_file) if r.data.tags.get("validation") == "failed"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from mlm_core.config import GatesConfig
-from mlm_core.gates import GateResult, all_passed, evaluate_gates
+from mlm_core.register.gates import GateResult, all_passed, evaluate_gates
 
 EVAL = {
     "intrinsic": {"en": {"top1": 0.42, "baseline_top1": 0.10, "ece": 0.03, "perplexity": 21.5},
@@ -81,7 +81,7 @@ def test_all_passed():
 
 
 def test_model_card_sections_and_decision():
-    from mlm_core.modelcard import model_card
+    from mlm_core.register.modelcard import model_card
     gates = evaluate_gates(GatesConfig(min_top1=0.35, max_crows_deviation=10), EVAL, AUDIT)
     common = dict(
         name="mlm-demo", version=3, fingerprints={"normalize": "ab12", "pretrain": "cd34"},
@@ -130,7 +130,7 @@ def test_interval_gate_needs_the_lower_end_strictly_above():
 
 
 def test_demo_declares_the_interval_gate():
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from conftest import REPO
     gates = load_config(REPO / "configs" / "demo.yaml").config.registry.gates
     assert gates.top1_over_baseline_ci_above == 0.0

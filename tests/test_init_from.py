@@ -46,7 +46,7 @@ def write_config(tmp: Path, ckpt: Path | str, **sections) -> Path:
 
 def run_stages(cfg: Path, overrides: list[str] | None = None, names=STAGES) -> dict:
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     lc = load_config(cfg, overrides or [])
     plans = stages.plan(lc)
     return {n: stages.execute(lc, n, plans)[0] for n in names}
@@ -134,7 +134,7 @@ def test_the_model_the_stage_starts_from_equals_the_checkpoint(family_runs, fami
     any step, our logits equal transformers' on the checkpoint (ELECTRA: generator and discriminator)."""
     import torch
 
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.train.init_from import build, prepare
     ckpt, arts, tmp = family_runs[family]
     lc = load_config(tmp / "cfg.yaml")
@@ -263,7 +263,7 @@ def test_explicit_generator_fraction_contradicting_the_pair_is_an_error_naming_b
 def test_generator_fraction_matching_the_pair_or_unset_continues_the_checkpoints_generator(electra_half):
     """Set to the pair's own 0.5, or left unset (default 0.25), the run starts from the checkpoint's generator:
     hidden 16 (not the 8 that 0.25 of the discriminator would give); the explicit one trains and exports it."""
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.train.init_from import build, prepare
     ckpt, cfg, arts = electra_half
     for overrides in ([], ["pretrain.electra.generator_fraction=0.5"]):
@@ -331,7 +331,7 @@ def test_registry_address_without_a_registry(family_runs, tmp_path):
     import flows  # noqa: F401 - installs the models:/ resolver, as every mlm command and flow does
 
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.external import ExternalRefError
     _, _, tmp = family_runs["bert"]
     with pytest.raises(ExternalRefError, match=r"pretrain\.init_from: models:/tiny@champion needs a model registry, "
@@ -350,7 +350,7 @@ def test_registry_address_is_imported_once_and_fingerprinted_by_content(family_r
     given as a local folder; moving the alias to another version changes pretrain's fingerprint."""
     import flows  # noqa: F401 - installs the models:/ resolver
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.external import content_hash
     from tasks import external, tracking
     from tasks.tracking import Tracker
@@ -431,7 +431,7 @@ def test_extended_vocabulary_with_two_processes(tmp_path):
     import pyarrow.parquet as pq
     import torch
 
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.train.init_from import build, prepare
     ckpt = save_tiny(tmp_path / "ckpt", "bert", TEXTS[:N] + TEXTS[N:N + 3], vocab_size=120)
     cfg = write_config(tmp_path, ckpt, tokenizer={"extend": 20},
@@ -459,7 +459,7 @@ def test_extended_vocabulary_with_two_processes(tmp_path):
 def test_config_defers_positions_and_extend_to_the_checkpoint(tmp_path):
     """With init_from, max positions come from the checkpoint: the config's own seq_len <= max_positions check
     applies only to an explicit pretrain.model.max_positions; tokenizer.extend extends init_from's tokenizer."""
-    from mlm_core.configio import ConfigError, load_config
+    from mlm_core.config.io import ConfigError, load_config
     cfg = write_config(tmp_path, tmp_path / "ckpt", shards={"seq_len": 1024}, tokenizer={"extend": 10})
     assert load_config(cfg).config.shards.seq_len == 1024
     with pytest.raises(ConfigError, match=r"shards\.seq_len \(1024\) exceeds pretrain\.model\.max_positions \(512\)"):
@@ -479,7 +479,7 @@ def test_a_trajectory_checkpoint_wins_over_the_init(family_runs, tmp_path):
     and ends with the weights of an uninterrupted run."""
     from safetensors.torch import load_file
 
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.train.stage import run_pretrain
     ckpt, arts, _ = family_runs["bert"]
     up = {k: arts[k] for k in ("shards", "tokenizer")}

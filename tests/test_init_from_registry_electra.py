@@ -42,7 +42,7 @@ def continued(tmp_path_factory):
     import flows  # noqa: F401 - installs the models:/ resolver, as every mlm command and flow does
     import mlflow
 
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from tasks import registry, tracking
     tmp = tmp_path_factory.mktemp("electra-registry")
     cfg = write_config(tmp, "unused", pretrain=FRESH, tracking={"experiment": "electra-reg"},
@@ -77,7 +77,7 @@ def test_the_stage_starts_from_exactly_the_registered_pair(continued):
     replaced-token logits (< 1e-4), and the shared embedding table is the registered one."""
     import torch
 
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.train.init_from import build, prepare
     c = continued
     arts = c["second"]
@@ -109,7 +109,7 @@ def test_it_imports_the_version_fingerprints_both_halves_and_exports_a_pair(cont
     assert _sha(gen_dir / "model.safetensors") == _sha(c["registered"] / REG_DIRS["hf"] / "model.safetensors")
     assert _sha(gen_dir.parent / "hf-discriminator" / "model.safetensors") == \
         _sha(c["registered"] / REG_DIRS["hf-discriminator"] / "model.safetensors")
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.external import content_hash
     from mlm_core.train.stage import pretrain_inputs
     fp_inputs = pretrain_inputs(load_config(c["cfg"], [f"pretrain.init_from={REF}"]))["init_from"]
@@ -168,7 +168,7 @@ def test_an_edited_imported_discriminator_is_downloaded_again(continued):
     """The import record covers both halves: a discriminator changed since the import (one flipped byte) is
     downloaded again on the next plan, and the fingerprint stays the registered pair's."""
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     c = continued
     lc = load_config(c["cfg"], [f"pretrain.init_from={REF}"])
     before = stages.plan(lc)["pretrain"].fingerprint

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mlm_core.config import EvaluateConfig, ModelConfig
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 from mlm_core.evaluate.intrinsic import (evaluate_intrinsic, expected_calibration_error, reliability_plot,
                                          run_intrinsic, special_ids_from_manifest, unigram_counts)
 from mlm_core.evaluate.pll import encode_plain, evaluate_pll, pseudo_perplexity, score_batched, score_loop

@@ -156,7 +156,7 @@ def test_local_global_refuses_to_export_with_the_reason(tmp_path):
      ["shards.seq_len", "pretrain.model.max_positions"]),
 ])
 def test_config_errors_name_the_keys(raw, keys):
-    from mlm_core.configio import ConfigError, load_config
+    from mlm_core.config.io import ConfigError, load_config
     with pytest.raises(ConfigError) as e:
         load_config(raw={"sources": {"en": {"paths": [__file__]}}, **raw})
     for k in keys:
@@ -195,7 +195,7 @@ def test_pipeline_at_seq_len_1024_with_local_global(tmp_path):
     assert ev["intrinsic"] and all(math.isfinite(v["top1"]) for v in ev["intrinsic"].values() if "top1" in v)
     assert ev["efficiency"]["peak_memory_mb"]["512"] is not None
     # the model card's architecture line says how the model attends
-    from mlm_core.modelcard import model_card
+    from mlm_core.register.modelcard import model_card
     card = model_card(name="lc", version=1, fingerprints={}, data={}, tokenizer={}, training=pre, evaluation=ev,
                       audit={}, gates=[], promoted=False)
     assert "attention local_global, window 64, global_every 2" in card

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mlm_core.config import MaskingConfig
-from mlm_core.configio import ConfigError, load_config
+from mlm_core.config.io import ConfigError, load_config
 from mlm_core.masking import Masker, MaskedBatch, masking_rate
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4

@@ -97,7 +97,7 @@ def test_pretrain_metrics_are_sectioned_with_the_loss_first(piped):
 
 
 def test_synced_run_gets_the_names_of_the_live_one(piped, tmp_path):
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from tasks.tracking.sync import sync
     other = f"sqlite:///{tmp_path / 'other.db'}"     # a server that never saw these runs
     lc = load_config(str(piped["cfg"]), [f"tracking.uri={other}"])

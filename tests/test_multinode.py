@@ -263,7 +263,7 @@ def test_join_waits_for_the_next_attempt_not_a_finished_one(tmp_path, monkeypatc
 
 
 def test_two_nodes_without_rendezvous_endpoint_is_a_config_error(tmp_path):
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.errors import MlmError
     cfg = tmp_path / "two-nodes.yaml"
     cfg.write_text("name: x\nsources: {en: {paths: [a.txt]}}\npretrain: {distributed: {nnodes: 2, node_rank: 1}}\n")

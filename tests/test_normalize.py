@@ -12,7 +12,7 @@ import pytest
 
 from conftest import write_lines
 from mlm_core import stages
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 from mlm_core.errors import SourceError, StageError
 
 EN = ["The cat sleeps on the warm mat.", "A dog runs in the green park.", "We eat bread with butter every day.",

@@ -7,7 +7,7 @@ import yaml
 
 from conftest import write_lines
 from mlm_core import stages
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 from mlm_core.store import StageStore
 
 EN = [f"The quick brown fox number {i} jumps over the lazy dog." for i in range(40)]

@@ -28,7 +28,7 @@ STEPS = 400          # long enough that PostgreSQL is stopped while training run
 
 
 def _stages_done(config: Path, overrides: list[str]) -> dict[str, str]:
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.stages import plan
     return {name: p.status for name, p in plan(load_config(config, overrides)).items()}
 
@@ -146,7 +146,7 @@ def test_api_failure_recognizes_5xx_and_no_answer_but_not_4xx_or_other_errors():
 def normalized(tmp_path_factory):
     """A config whose normalize output is stored (nothing else): (loaded config, its path, its overrides)."""
     from conftest import write_en_ru_config
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.stages import execute, plan
     root = tmp_path_factory.mktemp("outage")
     cfg = write_en_ru_config(root, "outage", 30)

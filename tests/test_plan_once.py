@@ -67,7 +67,7 @@ def test_a_stage_task_called_alone_plans_for_itself(tmp_path, counted):
 
 
 def test_stage_plan_json_round_trip(tmp_path):
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     cfg = write_en_ru_config(tmp_path, "planonce", 20)
     for name, p in stages.plan(load_config(str(cfg))).items():
         j = p.to_json()

@@ -224,7 +224,7 @@ def test_the_stage_task_tags_the_mlflow_run_and_stop_on_plateau_fails_it(tmp_pat
 
     from conftest import write_en_ru_config
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.store import Artifact
     from mlm_core.train import plateau
     from tasks import publish

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 from mlm_core.store import Artifact
 
 DOC_SCHEMA = pa.schema([("doc_id", pa.int64()), ("lang", pa.string()), ("text", pa.string()),

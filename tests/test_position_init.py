@@ -48,6 +48,6 @@ def test_needs_learned_positions():
 
 def test_default_keeps_fingerprints():
     """omit_default: at its default the field is not in the view a fingerprint hashes; set, it is."""
-    from mlm_core.effects import fingerprint_view
+    from mlm_core.config.effects import fingerprint_view
     assert "position_init" not in fingerprint_view(_cfg())["model"]
     assert fingerprint_view(_cfg(position_init="sinusoidal"))["model"]["position_init"] == "sinusoidal"

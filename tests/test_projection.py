@@ -168,7 +168,7 @@ def tiny_config(tmp_path: Path, **extra):
     set and templates; ``extra`` sections added (debias)."""
     from conftest import REPO
 
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     sources = {}
     for lang in ("en", "fr"):
         lines = (REPO / "configs/demo/corpus" / f"{lang}.txt").read_text(encoding="utf-8").splitlines()[:200]
@@ -235,7 +235,7 @@ def test_pipeline_scores_projected_representations_and_unset_changes_nothing(tmp
 
 
 def test_model_card_bias_section_names_the_mitigations_and_is_unchanged_without_them():
-    from mlm_core.modelcard import bias_mitigations, model_card
+    from mlm_core.register.modelcard import bias_mitigations, model_card
     audit = {"crows": {"en": {"n": 10, "metric_score": 60.0}}, "limits": "L.",
              "debias": {"projection": {"components": 1, "sentences": {"en": 7}, "explained_variance": [0.5],
                                        "file": "projection.safetensors"}}}

@@ -17,7 +17,7 @@ LANGS = ("en", "ru")
 def pipeline_out(tmp_path_factory, shared_data):
     """Every stage (normalize ... register) run through the stage engine on ~120 real lines per language."""
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     root = tmp_path_factory.mktemp("register")
     sources = {}
     for lang in LANGS:

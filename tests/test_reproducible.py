@@ -30,7 +30,7 @@ VARIANTS = {"unigram": (["tokenizer.algorithm=unigram"], ["tokenizer"]),
 SCRIPT = textwrap.dedent("""
     import json, sys
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     work, tiny, variants = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
     runs = [(tiny, list(stages.STAGES))] + [(tiny + extra, only) for extra, only in variants.values()]
     done = []

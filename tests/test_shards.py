@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 from mlm_core.errors import StageError
 from mlm_core.shards import ShardDataset, ShardIntegrityError, as_hf_dataset, run_shards
 from mlm_core.shards import reader as reader_mod

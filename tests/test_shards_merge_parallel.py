@@ -19,7 +19,7 @@ import yaml
 
 from conftest import REPO
 from mlm_core import stages
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 from mlm_core.store import StageStore
 
 DATA = REPO.parent / "shared" / "data" / "text"

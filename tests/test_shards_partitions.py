@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from mlm_core import stages
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 from mlm_core.store import StageStore
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "text"

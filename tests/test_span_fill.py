@@ -159,7 +159,7 @@ def test_scores_of_a_model_with_known_predictions():
 def test_off_by_default_and_in_the_evaluate_fingerprint_when_on(tmp_path):
     from conftest import REPO
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.evaluate.stage import intrinsic_rows
     demo = REPO / "configs" / "demo.yaml"
     fps = lambda ov: {n: p.fingerprint for n, p in stages.plan(load_config(demo, ov + [f"workdir={tmp_path}"])).items()}  # noqa: E731
@@ -195,8 +195,10 @@ def test_report_resamples_span_documents_with_the_unigram_control(tmp_path):
                                       wd / "evaluate" / ("e" + fp) / span_fill.DOCUMENTS_FILE)
             metrics = {"en.top1": 0.3, "en.baseline_top1": 0.1, "en.span_exact": exact_by[(v, s)][0],
                        "en.span_baseline_exact": exact_by[(v, s)][1]}
-            (wd / "evaluate" / ("e" + fp) / "manifest.json").write_text(json.dumps({"metrics": metrics}))
-            (wd / "pretrain" / ("p" + fp) / "manifest.json").write_text(json.dumps({"metrics": {}}))
+            (wd / "evaluate" / ("e" + fp) / "manifest.json").write_text(json.dumps({"languages": ["en"],
+                                                                                "metrics": metrics}))
+            (wd / "pretrain" / ("p" + fp) / "manifest.json").write_text(json.dumps(
+                {"objective": "mlm", "arch": {}, "steps": 10, "tokens": 1280, "metrics": {}}))
     sweep = wd / "sweeps" / "s"
     sweep.mkdir(parents=True)
     (sweep / "plan.json").write_text(json.dumps({"name": "s", "baseline": "token", "variants": entries,

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO, write_lines
 from mlm_core import stages
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 from mlm_core.errors import PlanError
 from mlm_core.store import MANIFEST, StageStore
 

@@ -16,7 +16,7 @@ import yaml
 
 from conftest import write_en_ru_config
 from mlm_core import stages
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 from mlm_core.store import StageStore
 from mlm_core.sweep import SweepError, load_sweep, sweep_schema_text
 

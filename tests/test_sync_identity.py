@@ -33,7 +33,7 @@ def test_sync_without_the_overrides_finishes_the_run_and_replays_params_tags_art
     from mlflow import MlflowClient
 
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from tasks.tracking.values import flatten_params
 
     relay = Relay(mlflow_server)
@@ -114,7 +114,7 @@ def test_a_finished_run_keeps_its_status_and_a_killed_one_is_closed_failed(tmp_p
     (and no journaled end) was killed: FAILED; a journaled end wins over that rule."""
     from mlflow import MlflowClient
 
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from tasks.tracking.journal import record
     from tasks.tracking.sync import sync
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 from mlm_core.store import Artifact, StageStore
 from mlm_core.tokenizer import (
     TokenizerError, TokenizerMismatch, load_tokenizer, run_tokenizer, special_ids, train_sample,

@@ -11,7 +11,7 @@ import pytest
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
-from mlm_core.configio import load_config  # noqa: E402
+from mlm_core.config.io import load_config  # noqa: E402
 from mlm_core.tokenizer.stage import run_tokenizer  # noqa: E402
 from tasks import validation as v  # noqa: E402
 from test_tokenizer import SENTENCES, make_docs, write_normalize  # noqa: E402

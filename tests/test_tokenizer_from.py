@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from mlm_core.configio import load_config
-from mlm_core.configio import ConfigError
+from mlm_core.config.io import load_config
+from mlm_core.config.io import ConfigError
 from mlm_core.external import TOKENIZER_FILES, ExternalRefError, content_hash
 from mlm_core.tokenizer import TokenizerError, run_tokenizer
 from mlm_core.tokenizer.stats import _byte_decoder

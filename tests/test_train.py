@@ -27,7 +27,7 @@ def tiny_shards(root: Path, n_docs: int = 120, vocab: int = 400, seq_len: int = 
     (or the first lines of ``corpus``/<lang>.txt)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.shards import run_shards
     from mlm_core.store import MANIFEST, Artifact, write_json_atomic
 
@@ -141,7 +141,7 @@ def test_tiny_model_beats_the_unigram_baseline(shards, tmp_path):
 
 # ------------------------------------------------------------------------------------------------ the stage
 def _lc(tmp_path, **pretrain):
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     (tmp_path / "unused.txt").write_text("x\n")
     return load_config(raw={"workdir": str(tmp_path / "work"), "seed": 3,
                             "sources": {lg: {"paths": [str(tmp_path / "unused.txt")]} for lg in LANGS},

@@ -114,7 +114,7 @@ def test_a_declared_suite_file_that_is_missing_fails_at_plan_time(tmp_path):
     import dataclasses
 
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.errors import PlanError
     (tmp_path / "en.txt").write_text("A sentence long enough to keep.\n", encoding="utf-8")
     lc = load_config(raw={"workdir": str(tmp_path / "w"), "sources": {"en": {"paths": [str(tmp_path / "en.txt")]}}})

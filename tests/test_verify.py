@@ -20,7 +20,7 @@ import yaml
 from conftest import write_lines
 from mlm_core import stages
 from mlm_core import store as store_mod
-from mlm_core.configio import load_config
+from mlm_core.config.io import load_config
 from mlm_core.shards import ShardDataset, ShardIntegrityError
 from mlm_core.store import MANIFEST, VERIFIED, CorruptOutputError, StageStore
 

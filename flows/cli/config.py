@@ -22,7 +22,7 @@ def cmd_config_validate(args) -> int:
 
 
 def cmd_config_schema(args) -> int:
-    from mlm_core.configio import schema_text
+    from mlm_core.config.io import schema_text
     text = schema_text()
     if args.write:
         out = REPO_ROOT / "schemas" / "config.schema.json"
@@ -34,7 +34,7 @@ def cmd_config_schema(args) -> int:
 
 
 def cmd_config_docs(args) -> int:
-    from mlm_core.configio import config_reference_markdown
+    from mlm_core.config.io import config_reference_markdown
     text = config_reference_markdown()
     if args.write:
         out = REPO_ROOT / "docs" / "CONFIG.md"

@@ -15,7 +15,7 @@ def _uri(args) -> str:
     from tasks.tracking import resolve_tracking_uri, sqlite_path
     uri = os.environ.get("MLM_TRACKING_URI")
     if args.config:
-        from mlm_core.configio import load_config
+        from mlm_core.config.io import load_config
         lc = load_config(args.config, args.set or [])
         uri = resolve_tracking_uri(lc.config.tracking, lc.workdir)
     if uri is None and Path(".mlm", "mlflow.db").is_file():

@@ -1,6 +1,6 @@
 """``mlm report SWEEP.yaml [--no-log] [--set KEY.PATH=VALUE ...]``: rebuild a sweep's report from its stored outputs (nothing trains).
 
-Stdlib only at import (``mlm --help`` stays instant). The sweep is planned again (``mlm_core.sweep_plan``: the
+Stdlib only at import (``mlm --help`` stays instant). The sweep is planned again (``mlm_core.sweep.plan``: the
 fingerprints its runs have now, the statuses and MLflow run recorded in plan.json), the report is written to
 ``<workdir>/sweeps/<name>/report/`` and, unless --no-log, logged to the sweep's MLflow run
 (``tasks.sweep_report.publish_report``, the function the ``mlm-sweep`` flow calls at its end).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 def report_plan(sweep) -> dict:
     """The plan document for the sweep as it is now, with plan.json's statuses and MLflow run id kept."""
-    from mlm_core.sweep_plan import plan_document, plan_sweep, read_plan
+    from mlm_core.sweep.plan import plan_document, plan_sweep, read_plan
     try:
         from tasks import external
         external.install()       # a models:/ reference in the base config is resolved like `mlm run` does

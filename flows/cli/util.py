@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from mlm_core.commands import default_config
-from mlm_core.configio import ConfigError
+from mlm_core.config.io import ConfigError
 
 
 def config_or_default(config: str | None, command: str) -> str:
@@ -57,7 +57,7 @@ def prepare_env(workdir: Path | None = None) -> None:
 
 
 def load_args(args):
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     return load_config(args.config, args.set or [])
 
 

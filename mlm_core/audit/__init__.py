@@ -41,7 +41,7 @@ def run_audit(model_dir: Path, cfg, base_dir: Path, batch: int = 64, model_hook=
     """
     from mlm_core.fillmask import load_model_dir
 
-    from mlm_core.config_eval import audit_file
+    from mlm_core.config.eval import audit_file
     base_dir = Path(base_dir)
     crows = {lang: audit_file(e) for lang, e in sorted(cfg.crows_pairs.items())}     # (path, encoding)
     tmpl = {lang: audit_file(e) for lang, e in sorted(cfg.templates.items())}

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from mlm_core.config import TransferTask
 from mlm_core.evaluate.conll import ConllError
 from mlm_core.evaluate.protocols import per_class_prf
-from mlm_core.gates import transfer_gap
+from mlm_core.register.gates import transfer_gap
 
 VALIDATION_FRACTION = 0.1
 

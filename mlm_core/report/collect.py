@@ -94,7 +94,7 @@ def _fingerprints(entry: dict, plan: dict, workdir: Path) -> dict:
     if all(s in fps for s in RUN_STAGES + ("shards",)) or not plan.get("base"):
         return fps
     from mlm_core import stages
-    from mlm_core.configio import load_config
+    from mlm_core.config.io import load_config
     from mlm_core.store import StageStore
     lc = load_config(plan["base"], list(entry.get("overrides") or []))
     return {k: p.fingerprint for k, p in stages.plan(lc, StageStore(workdir)).items()} | fps

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, field_validator, with_config
 from typing_extensions import NotRequired, TypedDict
 
-from mlm_core.effects import Section
+from mlm_core.config.effects import Section
 
 
 class FinetuneConfig(Section):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from mlm_core.artifacts import PretrainedModel, ShardSet, StageArtifact, TokenizerArtifact
-from mlm_core.gates import transfer_gap
+from mlm_core.register.gates import transfer_gap
 
 DASH = "—"
 

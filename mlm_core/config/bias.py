@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from mlm_core.effects import Section
+from mlm_core.config.effects import Section
 
 _LISTS = ("Language -> word-pair list YAML (configs/bias/<lang>.yaml; format in docs/BIAS.md), relative to the "
           "config file. Its content enters the fingerprint.")

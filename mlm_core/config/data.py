@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from mlm_core.config_bias import CdaConfig
-from mlm_core.effects import Section
+from mlm_core.config.bias import CdaConfig
+from mlm_core.config.effects import Section
 from mlm_core.languages import SCRIPTS
 
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from mlm_core.effects import Section
+from mlm_core.config.effects import Section
 
 
 class GatesConfig(Section):

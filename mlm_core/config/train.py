@@ -9,8 +9,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from mlm_core.config_bias import BiasRegularizerConfig
-from mlm_core.effects import Section
+from mlm_core.config.bias import BiasRegularizerConfig
+from mlm_core.config.effects import Section
 
 
 class ModelConfig(Section):

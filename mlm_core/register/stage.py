@@ -12,8 +12,8 @@ import logging
 from pathlib import Path
 
 from mlm_core.artifacts import NormalizedCorpus, PretrainedModel, ShardSet, StageArtifact
-from mlm_core.gates import all_passed, evaluate_gates
-from mlm_core.modelcard import bias_mitigations, model_card
+from mlm_core.register.gates import all_passed, evaluate_gates
+from mlm_core.register.modelcard import bias_mitigations, model_card
 from mlm_core.store import StageStore
 
 log = logging.getLogger(__name__)

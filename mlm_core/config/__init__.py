@@ -3,7 +3,7 @@
 In: a YAML mapping (plus ``--set a.b=value`` overrides). Out: a validated ``PipelineConfig``.
 Every field carries a description (with its unit) because it feeds the JSON Schema in
 ``schemas/config.schema.json`` and the Prefect UI form. Unknown keys are errors naming the
-full key path and the closest valid key (see ``mlm_core.configio``).
+full key path and the closest valid key (see ``mlm_core.config.io``).
 
 Every leaf field declares what a change to it does, in ``json_schema_extra={"effect": E}`` (shown in
 docs/CONFIG.md and the JSON Schema). ``mlm_core.stages`` derives every stage fingerprint, and
@@ -17,9 +17,9 @@ docs/CONFIG.md and the JSON Schema). ``mlm_core.stages`` derives every stage fin
 A field holding a section (or a dict/list/optional of sections) carries no marker: its own fields do.
 A field added to an existing stage whose default keeps that stage's output as it was (an optional feature left
 off) also declares ``"omit_default": True``: at its default it is in no fingerprint, so a config that does not
-use the feature keeps its stored outputs across the upgrade (``mlm_core.effects.omitted_at_default``).
+use the feature keeps its stored outputs across the upgrade (``mlm_core.config.effects.omitted_at_default``).
 
-The markers are read, and the fingerprint / trajectory / threshold views built, in ``mlm_core.effects``
+The markers are read, and the fingerprint / trajectory / threshold views built, in ``mlm_core.config.effects``
 (re-exported here, with the ``Section`` base class).
 
 The sections live in leaf modules by stage group, all re-exported here (import them from ``mlm_core.config``):
@@ -28,7 +28,7 @@ audit), ``config_ops`` (registry and gates, tracking, execution), ``config_bias`
 keeps ``PipelineConfig``, the root, with its cross-section checks.
 
 This module and its ``config_*`` sections are leaves: they import nothing from the rest of the project except the
-language table and ``mlm_core.effects``.
+language table and ``mlm_core.config.effects``.
 """
 from __future__ import annotations
 
@@ -36,24 +36,24 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from mlm_core.effects import (  # noqa: F401  (the effect-marker machinery, re-exported: imported from here)
+from mlm_core.config.effects import (  # noqa: F401  (the effect-marker machinery, re-exported: imported from here)
     EFFECTS, FINGERPRINTED, TRAJECTORY, Section, effect_view, field_effect, fingerprint_view, omitted_at_default,
     section_type,
     threshold_view, trajectory_view,
 )
-from mlm_core.config_bias import (  # noqa: F401  (re-exported)
+from mlm_core.config.bias import (  # noqa: F401  (re-exported)
     BiasRegularizerConfig, CdaConfig, DebiasConfig, ProjectionConfig,
 )
-from mlm_core.config_data import (  # noqa: F401  (re-exported)
+from mlm_core.config.data import (  # noqa: F401  (re-exported)
     DatasetSource, LanguageSource, NormalizeConfig, ShardsConfig, TokenizerConfig,
 )
-from mlm_core.config_eval import (  # noqa: F401  (re-exported)
+from mlm_core.config.eval import (  # noqa: F401  (re-exported)
     AuditConfig, EvaluateConfig, FinetuneConfig, TransferTask,
 )
-from mlm_core.config_ops import (  # noqa: F401  (re-exported)
+from mlm_core.config.ops import (  # noqa: F401  (re-exported)
     ExecutionConfig, GatesConfig, RegistryConfig, TrackingConfig,
 )
-from mlm_core.config_train import (  # noqa: F401  (re-exported)
+from mlm_core.config.train import (  # noqa: F401  (re-exported)
     DistributedConfig, ElectraConfig, MaskingConfig, ModelConfig, PlateauConfig, PretrainConfig,
 )
 from mlm_core.languages import ISO639_1, SCRIPTS, SCRIPTS_BY_LANG as SCRIPTS_BY_LANG_KNOWN  # noqa: F401

@@ -46,7 +46,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mlm_core.configio import (ConfigError, LoadedConfig, format_validation_error, load_config, model_json_schema,
+from mlm_core.config.io import (ConfigError, LoadedConfig, format_validation_error, load_config, model_json_schema,
                                 schema_json_text)
 from mlm_core.errors import MlmError
 
