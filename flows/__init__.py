@@ -2,6 +2,6 @@
 # Every `mlm` command and every Prefect flow imports this package first: registry addresses in
 # tokenizer.from / pretrain.init_from (models:/NAME@ALIAS) resolve the same way in all of them (cheap: no
 # MLflow import until an address is resolved).
-from tasks import external as _external
+from tasks.external import install as install_registry_resolver
 
-_external.install()
+install_registry_resolver()

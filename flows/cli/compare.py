@@ -11,8 +11,8 @@ from pathlib import Path
 
 def cmd_compare(args) -> int:
     """Model A (before) vs model B (after) on the config's held-out data: the same function as the mlm-compare flow."""
-    from flows.cli.util import load_args as _load, print_rows as _print_rows, prepare_env
-    _load(args)          # a bad config fails here, before any model is resolved
+    from flows.cli.util import load_args, print_rows, prepare_env
+    load_args(args)          # a bad config fails here, before any model is resolved
     prepare_env()
     from tasks.compare import run_compare
     out = run_compare(args.config, args.model_a, args.model_b, args.set or [], args.out)
@@ -28,7 +28,7 @@ def cmd_compare(args) -> int:
         print(line)
     for note in res["notes"]:
         print(f"note: {note}")
-    _print_rows([{"metric": r["metric"], "lang": r["lang"], "status": r["status"] or "-", "A": r["a"], "B": r["b"],
+    print_rows([{"metric": r["metric"], "lang": r["lang"], "status": r["status"] or "-", "A": r["a"], "B": r["b"],
                   "B-A": r["delta"]} for r in res["rows"]])
     print(f"wrote {out['paths']['md']}, {Path(out['paths']['png']).name}, {Path(out['paths']['json']).name}")
     if out["run_id"]:

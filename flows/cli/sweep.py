@@ -18,10 +18,10 @@ def cmd_sweep(args) -> int:
         run_sweep(args.sweep, dry_run=True, concurrency=args.concurrency, overrides=overrides)
         return 0
     from flows import ephemeral, guard
-    from flows.cli.util import adopt_servers_for as _adopt_servers, prepare_env
+    from flows.cli.util import adopt_servers_for, prepare_env
     workdir = sweep.base.workdir
     guard.check_workdir(workdir)
-    _adopt_servers(sweep.base)        # `mlm serve` running for this workdir: log to its MLflow and Prefect
+    adopt_servers_for(sweep.base)        # `mlm serve` running for this workdir: log to its MLflow and Prefect
     prepare_env(workdir)
     from mlm_core.train import signals
     previous = signals.install()      # SIGTERM/SIGINT: training checkpoints, the sweep stops; a rerun resumes
