@@ -29,14 +29,14 @@ def _v2_copy(src: Path, dst: Path) -> Path:
 
 def job_reader(root: Path, batch: int = 64, rounds: int = 40, chunk: int = 25) -> dict:
     """Reader throughput, sequences/s to ready tensors, format v3 (as the stage wrote it) vs the same rows in
-    format v2, interleaved rounds in one process (best round kept): ``train.loop.Rows.gather`` (what pretrain
+    format v2, interleaved rounds in one process (best round kept): ``train.feed.Rows.gather`` (what pretrain
     calls: random languages and rows -> int64 ids, int32 segment ids, bool word starts) and
     ``ShardDataset.get_batch`` (one language). Each round times ``chunk`` batches of each (format, reader) in
     turn; the fastest round of each is kept (the machine is shared: the minimum is the least disturbed)."""
     import numpy as np
 
     from mlm_core.shards import ShardDataset
-    from mlm_core.train.loop import Rows
+    from mlm_core.train.feed import Rows
     v3 = root / "ours-w2" if (root / "ours-w2").exists() else next(root.glob("ours-w*"))
     v2 = _v2_copy(v3, root / "ours-v2")
     sets = {name: ShardDataset(path, verify="off") for name, path in (("v2", v2), ("v3", v3))}

@@ -25,6 +25,7 @@ from mlm_core.config import (
 )
 from mlm_core.config.io import LoadedConfig
 from mlm_core.errors import PlanError
+from mlm_core import stage_calls as calls
 from mlm_core.store import Artifact, StageStore, fingerprint
 from mlm_core.train.stage import CODE_VERSION as PRETRAIN_CODE_VERSION
 from mlm_core.train.stage import pretrain_inputs
@@ -137,21 +138,6 @@ def with_thresholds(manifest: dict, thresholds: dict) -> dict:
     return {**manifest, "config": merge(manifest.get("config") or {}, thresholds)}
 
 
-def _normalize_scripts(lc: LoadedConfig) -> dict:
-    cfg = lc.config
-    return {"scripts": {lang: cfg.scripts_for(lang) for lang in cfg.languages}}
-
-
-def _run_normalize(lc, upstream, out_dir):
-    from mlm_core.normalize import run_normalize
-    return run_normalize(lc, out_dir)
-
-
-def _normalize_inputs(lc):
-    from mlm_core.normalize.stage import input_fingerprint
-    return input_fingerprint(lc)
-
-
 # Config fields naming a folder outside the pipeline (mlm_core.external): their content hash enters the
 # fingerprint through the stage's ``inputs``; the path or registry address itself does not (the same files
 # under another path give the same fingerprint). The manifest's config still records the reference as written.
@@ -165,109 +151,6 @@ def _without_refs(view: dict) -> dict:
         if isinstance(out.get(section), dict) and out[section].get(key) is not None:
             out[section] = {**out[section], key: "<content hash in inputs>"}
     return out
-
-
-def _tokenizer_inputs(lc: LoadedConfig):
-    """The existing tokenizer's content hash (tokenizer.from, else pretrain.init_from's); None: one is trained."""
-    from mlm_core.external import TOKENIZER_FILES, external_input
-    cfg = lc.config
-    field = "tokenizer.from" if cfg.tokenizer.from_ is not None else "pretrain.init_from"
-    got = external_input(lc, cfg.tokenizer_from, field, TOKENIZER_FILES)   # a model folder's weights: not read
-    return None if got is None else {"from": got}
-
-
-def _run_tokenizer(lc, upstream, out_dir):
-    from mlm_core.tokenizer import run_tokenizer
-    manifest = run_tokenizer(lc, upstream, out_dir)
-    if lc.config.tokenizer.pmi_vocab:       # PMI-masking's n-gram vocabulary (mlm_core.masking.pmi, issue 13)
-        from mlm_core.masking.pmi import build_vocabulary
-        from mlm_core.tokenizer.stage import load_tokenizer
-        tok = load_tokenizer(Path(out_dir))
-        manifest["pmi"] = build_vocabulary(upstream["normalize"].path, lc.config.languages, tok,
-                                           lc.config.tokenizer, out_dir)
-    return manifest
-
-
-def _run_shards(lc, upstream, out_dir):
-    from mlm_core.shards import run_shards
-    return run_shards(lc, upstream, out_dir)
-
-
-def _shards_inputs(lc: LoadedConfig):
-    """shards.cda (issue 13): the content hash of each word-pair list and the global seed (document selection);
-    None without CDA, so the fingerprint of a config without it is unchanged."""
-    cda = lc.config.shards.cda
-    if cda is None:
-        return None
-    import hashlib
-
-    from mlm_core.bias.wordlists import list_paths
-    hashes = {}
-    for lang, p in sorted(list_paths(cda.lists, lc.base_dir).items()):
-        hashes[lang] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None   # missing: shards says
-    return {"cda": {"lists": hashes, "seed": lc.config.seed}}
-
-
-def _run_pretrain(lc, upstream, out_dir, metrics_cb=None):
-    from mlm_core.train.stage import run_pretrain
-    return run_pretrain(lc, upstream, out_dir, metrics_cb=metrics_cb)
-
-
-def _file_stats(lc: LoadedConfig, paths) -> list:
-    """Path, size and content sha256 of the files a stage reads besides upstream outputs: an edit reruns the
-    stage, a copy or a touched mtime does not (content-addressed; digests cached under ``<workdir>/.cache``)."""
-    from mlm_core.external import cache_dir, file_hash
-    out = []
-    for p in sorted(set(paths)):
-        f = lc.resolve(str(p).split("#", 1)[0])
-        ok = f.is_file()
-        out.append([str(f), f.stat().st_size if ok else None, file_hash(f, cache_dir(lc)) if ok else None])
-    return out
-
-
-def _with_debias_lists(lc: LoadedConfig, got):
-    """``got`` plus the content hash of each debias.projection word list (read by evaluate and audit; checked at
-    planning: a bad path or language fails here). Unset: ``got`` unchanged, so the fingerprints are too."""
-    if lc.config.debias.projection is None:
-        return got
-    from mlm_core.bias.projection import projection_inputs
-    return {"files": got, "debias.projection.lists": projection_inputs(lc)}
-
-
-def _readable(lc: LoadedConfig, stage: str) -> None:
-    """The stage's own text files decode (audit: in their ``encoding``; evaluate: UTF-8): checked at planning,
-    so a bad byte fails before pretraining, naming the file, line and byte (``mlm_core.pathcheck``)."""
-    from mlm_core.pathcheck import text_problems
-    bad = [m for m in text_problems(lc) if m.startswith(f"{stage}.")]
-    if bad:
-        raise PlanError("\n".join(bad))
-
-
-def _evaluate_inputs(lc: LoadedConfig):
-    ev = lc.config.evaluate
-    _readable(lc, "evaluate")
-    files = [p for t in (ev.upos, ev.classification) if t for p in [t.train, t.dev, *t.targets.values()] if p]
-    return _with_debias_lists(lc, _file_stats(lc, files + list((ev.retrieval or {}).values())))
-
-
-def _run_evaluate(lc, upstream, out_dir):
-    from mlm_core.evaluate.stage import run_evaluate
-    return run_evaluate(lc, upstream, out_dir)
-
-
-def _audit_inputs(lc: LoadedConfig):
-    _readable(lc, "audit")
-    return _with_debias_lists(lc, _file_stats(lc, [p for _, _, p, _ in lc.config.audit.files()]))
-
-
-def _run_audit(lc, upstream, out_dir):
-    from mlm_core.audit.stage import run_audit_stage
-    return run_audit_stage(lc, upstream, out_dir)
-
-
-def _run_register(lc, upstream, out_dir):
-    from mlm_core.register.stage import run_register
-    return run_register(lc, upstream, out_dir)
 
 
 # code_version: bump a stage's when its code changes what it writes for the same config and inputs.
@@ -284,45 +167,45 @@ def _run_register(lc, upstream, out_dir):
 # 5 (issue 21): evaluate writes intrinsic_documents.parquet (per-document [MASK] top-1 counts for the report).
 _C, _P = "tasks.validation.contracts:", "tasks.publish:"    # where the existing stages' contracts and tables live
 STAGES: dict[str, StageSpec] = {
-    "normalize": StageSpec("normalize", (), code_version="3", reads=("sources", "normalize"), run=_run_normalize,
-                           inputs=_normalize_inputs, derived=_normalize_scripts,
+    "normalize": StageSpec("normalize", (), code_version="3", reads=("sources", "normalize"), run=calls.run_normalize,
+                           inputs=calls.normalize_inputs, derived=calls.normalize_scripts,
                            partitions="mlm_core.normalize.partitioned:STAGE",
                            suite="normalize", contract_tables=_C + "normalize_tables",
                            contract_parameters=_C + "normalize_parameters", table=_P + "normalize_rows",
                            summary="clean, filter and deduplicate the raw corpus per language"),
     "tokenizer": StageSpec("tokenizer", ("normalize",), code_version="2", reads=("tokenizer", "seed"),
-                           run=_run_tokenizer, inputs=_tokenizer_inputs,
+                           run=calls.run_tokenizer, inputs=calls.tokenizer_inputs,
                            derived=lambda lc: {"alpha": lc.config.tokenizer_alpha},
                            suite="tokenizer", contract_tables=_C + "tokenizer_tables",
                            contract_parameters=_C + "tokenizer_parameters", table=_P + "tokenizer_rows",
                            summary="train a tokenizer on a language-balanced sample"),
-    "shards": StageSpec("shards", ("normalize", "tokenizer"), code_version="3", reads=("shards",), run=_run_shards,
-                        inputs=_shards_inputs, derived=lambda lc: {"languages": lc.config.languages},
+    "shards": StageSpec("shards", ("normalize", "tokenizer"), code_version="3", reads=("shards",), run=calls.run_shards,
+                        inputs=calls.shards_inputs, derived=lambda lc: {"languages": lc.config.languages},
                         partitions="mlm_core.shards.partitioned:STAGE",
                         suite="shards", contract_tables=_C + "shards_tables",
                         contract_parameters=_C + "shards_parameters", table=_P + "shards_rows",
                         plots=_P + "shares_plot",
                         summary="encode, pack and write Arrow shards with the language sampling table"),
     "pretrain": StageSpec("pretrain", ("normalize", "tokenizer", "shards"), code_version=PRETRAIN_CODE_VERSION,
-                          reads=("pretrain", "seed"), run=_run_pretrain, inputs=pretrain_inputs,
+                          reads=("pretrain", "seed"), run=calls.run_pretrain, inputs=pretrain_inputs,
                           suite="pretrain", contract_tables=_C + "pretrain_tables",
                           contract_parameters=_C + "pretrain_parameters", table=_P + "pretrain_rows",
                           summary="train the encoder (MLM or ELECTRA), checkpoint, export"),
     "evaluate": StageSpec("evaluate", ("normalize", "shards", "pretrain"), code_version="5",
-                          reads=("evaluate", "seed", "debias"), run=_run_evaluate, inputs=_evaluate_inputs,
+                          reads=("evaluate", "seed", "debias"), run=calls.run_evaluate, inputs=calls.evaluate_inputs,
                           suite="evaluate", contract_tables=_C + "evaluate_tables",
                           contract_parameters=_C + "evaluate_parameters", table=_P + "evaluate_rows",
                           plots=_P + "reliability_plot",
                           summary="per-language metrics and zero-shot transfer"),
-    "audit": StageSpec("audit", ("pretrain",), code_version="2", reads=("audit", "debias"), run=_run_audit,
-                       inputs=_audit_inputs, suite="audit", contract_tables=_C + "audit_tables",
+    "audit": StageSpec("audit", ("pretrain",), code_version="2", reads=("audit", "debias"), run=calls.run_audit,
+                       inputs=calls.audit_inputs, suite="audit", contract_tables=_C + "audit_tables",
                        table=_P + "audit_rows", table_title="CrowS-Pairs per language",
                        summary="CrowS-Pairs and template bias audits"),
     # registry.gates are declared "output" of this stage, not thresholds: the stage's output *is* the gate
     # decision (gates.json, the model card), promotion follows it, and the stage is cheap and last, so
     # recomputing it is how a gate change is re-evaluated.
     "register": StageSpec("register", ("pretrain", "evaluate", "audit"), code_version="3", reads=("registry",),
-                          run=_run_register, suite="register", contract_tables=_C + "register_tables",
+                          run=calls.run_register, suite="register", contract_tables=_C + "register_tables",
                           table=_P + "register_rows",
                           table_title="Promotion gates (gate, threshold, value, pass): `champion` needs every "
                                       "gate to pass",

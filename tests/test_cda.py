@@ -302,9 +302,9 @@ def test_without_cda_nothing_changes(upstream):
     """No shards.cda: no "cda" in the manifest, the fingerprint has no inputs, and the files equal those of a run
     whose list matches no word (the hook adds nothing else). The streams without CDA are checked against the
     tokenizers library by tests/test_shards_partitions.py."""
-    from mlm_core import stages
+    from mlm_core import stage_calls, stages
     lc, plans, off = run_shards(upstream)
-    assert "cda" not in off.manifest and stages._shards_inputs(lc) is None
+    assert "cda" not in off.manifest and stage_calls.shards_inputs(lc) is None
     lc2, plans2, none = run_shards(upstream, "shards.cda.lists={en: lists/nothing.yaml}")
     assert none.manifest["cda"]["languages"]["en"]["swapped"] == 0
     assert files_of(off) == files_of(none)

@@ -92,7 +92,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core stages", (
         r"mlm_core\.(normalize|tokenizer|shards|masking|model|train|evaluate|audit"
         r"|bias|register|fillmask)(\..*)?$",)),
-    ("core stage graph", (r"mlm_core\.stages$",)),
+    ("core stage graph", (r"mlm_core\.(stages|stage_calls)$",)),
     ("core sweep/report", (r"mlm_core\.(sweep|budget|report|compare|stats)(\..*)?$",)),
     ("tasks", (r"tasks(\..*)?$",)),
     ("flows", (r"flows(\..*)?$",)),

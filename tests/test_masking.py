@@ -360,7 +360,7 @@ def test_training_feed_cycles_the_copies_by_the_samplers_pass():
     """The loop's Feed hands the masker each draw's pass over its language: with one language of 5 rows,
     pass e of row r (counted here from the stream itself) uses copy e mod k."""
     from mlm_core.shards import LanguageSampler
-    from mlm_core.train.loop import Feed
+    from mlm_core.train.feed import Feed
 
     ids, ws = make_rows(5, 32, seed=9)
 

@@ -45,12 +45,12 @@ NODE = textwrap.dedent("""
 # the same worker, slowed down (0.3 s per step) so that a signal reliably lands mid-run
 SLOW_WORKER = textwrap.dedent("""
     import sys, time
-    from mlm_core.train import loop, worker
-    _draw = loop.Feed.draw
+    from mlm_core.train import feed, worker
+    _draw = feed.Feed.draw
     def draw(self, *a, **kw):
         time.sleep(0.3)
         return _draw(self, *a, **kw)
-    loop.Feed.draw = draw
+    feed.Feed.draw = draw
     sys.exit(worker.main())
 """)
 

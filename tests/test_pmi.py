@@ -110,7 +110,7 @@ def planted_corpus(n_docs: int = 1500, seed: int = 0) -> list[str]:
 @pytest.fixture(scope="module")
 def pmi_stage(tmp_path_factory):
     """The tokenizer stage (as the pipeline runs it) with tokenizer.pmi_vocab on the planted corpus."""
-    from mlm_core.stages import _run_tokenizer
+    from mlm_core.stage_calls import run_tokenizer
     root = tmp_path_factory.mktemp("pmi")
     docs = planted_corpus()
     norm = write_docs(root / "normalize", "en", docs)
@@ -120,7 +120,7 @@ def pmi_stage(tmp_path_factory):
                           "pretrain": {"masking": {"strategy": "pmi"}}})
     out = root / "tokenizer"
     out.mkdir()
-    manifest = _run_tokenizer(lc, {"normalize": norm}, out)
+    manifest = run_tokenizer(lc, {"normalize": norm}, out)
     return out, manifest, docs
 
 

@@ -194,7 +194,8 @@ def test_pipeline_scores_projected_representations_and_unset_changes_nothing(tmp
     from conftest import REPO
 
     from mlm_core.bias.projection import SUBSPACE_FILE, load_subspace
-    from mlm_core.stages import STAGES, _file_stats, execute, plan
+    from mlm_core.stage_calls import file_stats
+    from mlm_core.stages import STAGES, execute, plan
     lists = {"en": str(REPO / "configs/bias/en.yaml"), "fr": str(REPO / "configs/bias/fr.yaml")}
     plain = tiny_config(tmp_path)
     proj = tiny_config(tmp_path, debias={"projection": {"lists": lists, "components": 2, "max_sentences": 40}})
@@ -204,8 +205,8 @@ def test_pipeline_scores_projected_representations_and_unset_changes_nothing(tmp
     for s in ("evaluate", "audit"):
         assert p_plain[s].fingerprint != p_proj[s].fingerprint
     a = plain.config.audit
-    assert STAGES["audit"].inputs(plain) == _file_stats(plain, [*a.crows_pairs.values(), *a.templates.values()])
-    assert STAGES["evaluate"].inputs(plain) == _file_stats(plain, [])
+    assert STAGES["audit"].inputs(plain) == file_stats(plain, [*a.crows_pairs.values(), *a.templates.values()])
+    assert STAGES["evaluate"].inputs(plain) == file_stats(plain, [])
     arts = {s: execute(plain, s, p_plain)[0] for s in ("normalize", "tokenizer", "shards", "pretrain", "evaluate",
                                                         "audit")}
     proj_arts = {s: execute(proj, s, p_proj)[0] for s in ("evaluate", "audit", "register")}

@@ -24,7 +24,7 @@ Which words, and which input (choices):
   * the match is vectorized (no Python loop over tokens): per sequence length, every window of the batch is
     hashed, looked up among the listed sequences' hashes, and its one candidate compared exactly.
 
-Where it runs: ``GroupFinder`` on the CPU micro-batch next to the masker (``train.loop.Feed``); the term in
+Where it runs: ``GroupFinder`` on the CPU micro-batch next to the masker (``train.feed.Feed``); the term in
 ``objectives`` (eager) or, with ``pretrain.compile``, on the layer output the compiled graph returns.
 """
 from __future__ import annotations

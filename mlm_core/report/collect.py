@@ -38,6 +38,7 @@ import numpy as np
 
 from mlm_core.artifacts import Evaluation, PretrainedModel, ShardSet
 from mlm_core.errors import MlmError
+from mlm_core.train.metrics_file import read_records
 
 RUN_STAGES = ("pretrain", "evaluate", "audit")
 REQUIRED = ("pretrain", "evaluate")
@@ -100,17 +101,6 @@ def _fingerprints(entry: dict, plan: dict, workdir: Path) -> dict:
     return {k: p.fingerprint for k, p in stages.plan(lc, StageStore(workdir)).items()} | fps
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    out = []
-    if path.is_file():
-        for ln in path.read_text(encoding="utf-8").splitlines():
-            try:
-                out.append(json.loads(ln))
-            except ValueError:      # a line cut short by a killed run
-                continue
-    return out
-
-
 def model_flops_per_token(arch: dict, seq_len: int, rate: float) -> float | None:
     """flops_per_token of the stored architecture (``PretrainedModel.arch``), built on the meta device."""
     import torch
@@ -130,7 +120,7 @@ def model_flops_per_token(arch: dict, seq_len: int, rate: float) -> float | None
 
 
 def _curve(pre: PretrainedModel) -> list[tuple[float, float]]:
-    recs = _read_jsonl(Path(pre.path) / "metrics.jsonl")
+    recs = read_records(Path(pre.path) / "metrics.jsonl")
     steps, tokens = int(pre.steps or 0), int(pre.tokens or 0)
     if not steps or not tokens:
         return []

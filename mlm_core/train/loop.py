@@ -19,7 +19,6 @@ resumes from a checkpoint holding no state for it (the world size grew) derives 
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -27,18 +26,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import nn
 
 from mlm_core.config import PretrainConfig, field_effect, trajectory_view
 from mlm_core.progress import Progress, validation_summary
 from mlm_core.train import checkpoint as ckpt
+from mlm_core.train import metrics_file
 from mlm_core.train import plateau
 from mlm_core.train.evaluator import Evaluator, derive
+from mlm_core.train.feed import Feed, Rows
 from mlm_core.train.objectives import Objective, objective_for, objective_of
 from mlm_core.train.optim import build_optimizer
-from mlm_core.train.step import Micro, StepOut, autocast, step
+from mlm_core.train.step import StepOut, autocast, step
 
 log = logging.getLogger(__name__)
 PEAK_FLOPS = {"cpu": 175e9, "cuda": 989e12}      # defaults when cfg.peak_flops is unset (per process)
@@ -91,80 +91,6 @@ def resolve_device(cfg: PretrainConfig, local_rank: int = 0) -> torch.device:
     if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
-
-
-class Rows:
-    """Batches of (language index, row) draws gathered from the memory-mapped shards (one fancy-index per language)."""
-
-    def __init__(self, ds, split: str, langs: list[str]):
-        self.cols = [ds.columns(split, lang) for lang in langs]
-        self.seq_len = ds.seq_len
-        sizes = [len(c["input_ids"]) for c in self.cols]
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)   # global sequence ids
-
-    def gather(self, li: np.ndarray, rows: np.ndarray) -> dict[str, torch.Tensor]:
-        from mlm_core.shards.reader import gather_rows
-        ids, seg, ws = gather_rows(self.cols, li, rows)     # stored rows gathered, then decoded once for the batch
-        seg = seg.astype(np.int32)
-        return {"input_ids": torch.from_numpy(ids), "segment_ids": torch.from_numpy(seg),
-                "word_start": torch.from_numpy(ws), "seq_ids": torch.from_numpy(self.offsets[li] + rows)}
-
-
-def _append_jsonl(path: Path, rec: dict) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(rec, sort_keys=True) + "\n")
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    """Records of a metrics file; a line cut short by a killed process is dropped."""
-    out = []
-    for ln in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
-        try:
-            out.append(json.loads(ln))
-        except ValueError:
-            continue
-    return out
-
-
-def _truncate_metrics(path: Path, upto: int | None) -> None:
-    """Keep only records of steps <= upto (they are re-logged after a resume); all gone for a fresh start."""
-    if path.exists():
-        keep = [] if upto is None else [r for r in _read_jsonl(path) if r.get("step", 0) <= upto]
-        path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in keep), encoding="utf-8")
-
-
-def _last_train_loss(path: Path) -> float | None:
-    losses = [r["loss"] for r in _read_jsonl(path) if r.get("type") == "train"]
-    return losses[-1] if losses else None
-
-
-class Feed:
-    """Draws this rank's micro-batches: sampler -> rows from the shards -> masking; times both parts.
-    ``groups``: a ``bias.regularizer.GroupFinder`` (pretrain.bias_regularizer) run on the original rows."""
-
-    def __init__(self, sampler, rows: Rows, masker, generator: torch.Generator, batch_size: int, device,
-                 groups=None):
-        self.sampler, self.rows, self.masker, self.gen, self.groups = sampler, rows, masker, generator, groups
-        self.B, self.device, self.nb = batch_size, device, device.type == "cuda"
-        self.t_data = self.t_mask = self.rate = 0.0
-
-    def draw(self, step: int, n: int) -> list[Micro]:
-        """n masked micro-batches on the device (``step.Micro``)."""
-        out = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            li, rows, passes = self.sampler.next_indices(self.B, passes=True)
-            b = self.rows.gather(li, rows)
-            t1 = time.perf_counter()
-            m = self.masker(b["input_ids"], b["word_start"], step, seq_ids=b["seq_ids"], generator=self.gen,
-                            passes=torch.from_numpy(passes))   # static masking: copy = pass mod static_copies
-            self.t_data, self.t_mask, self.rate = self.t_data + t1 - t0, self.t_mask + time.perf_counter() - t1, m.rate
-            seg = b["segment_ids"]
-            gm = None if self.groups is None else self.groups(b["input_ids"], b["word_start"], li).to(self.device)
-            out.append(Micro(m.input_ids.to(self.device, non_blocking=self.nb),
-                             seg.to(self.device, non_blocking=self.nb), m.labels.to(self.device, non_blocking=self.nb),
-                             int(m.selected.sum()), int((seg != 0).sum()), gm))
-        return out
 
 
 def _bias_setup(cfg: PretrainConfig, objective, core, bias, rank: int) -> int | None:
@@ -270,7 +196,7 @@ class Run:
     def emit(self, rec: dict) -> None:
         """Rank 0 appends a metrics record to metrics.jsonl and hands it to the caller's callback."""
         if self.ctx.rank == 0:
-            _append_jsonl(self.ctx.metrics_path, rec)
+            metrics_file.append_record(self.ctx.metrics_path, rec)
             if self.ctx.metrics_cb is not None:
                 self.ctx.metrics_cb(rec)
 
@@ -382,7 +308,7 @@ def restore(run: Run) -> State:
             state.win_sum = torch.tensor(w["sum"], dtype=torch.float64, device=run.device)
             state.win_n = int(w["steps"])
     if ctx.rank == 0:
-        _truncate_metrics(ctx.metrics_path, state.resumed)
+        metrics_file.truncate_records(ctx.metrics_path, state.resumed)
     return state
 
 
@@ -471,7 +397,7 @@ def finish(run: Run, state: State) -> dict:
     ctx = run.ctx
     if state.last_ckpt is None and state.found:
         state.last_ckpt = state.found[0]
-        state.final_loss = _last_train_loss(ctx.metrics_path) if ctx.rank == 0 else None
+        state.final_loss = metrics_file.last_train_loss(ctx.metrics_path) if ctx.rank == 0 else None
         if state.step >= ctx.cfg.steps:
             state.last_eval = run.evaluator(run.core, run.device, ctx.cfg.precision)
             state.plateau_rec = plateau.check(state.last_eval, state.step, ctx.cfg)

@@ -1,7 +1,7 @@
 """One optimizer step, every objective: forward -> loss -> backward (x grad_accum) -> clip -> optimizer step.
 
 In: the model (or its DDP / FSDP wrapper), its ``Objective`` (``objectives``), the optimizer and scheduler,
-and this rank's micro-batches of the step (``Micro``, drawn and masked by ``loop.Feed``). Out: ``StepOut``,
+and this rank's micro-batches of the step (``Micro``, drawn and masked by ``feed.Feed``). Out: ``StepOut``,
 the loss parts summed over ranks, the gradient norm before clipping and the learning rate the step used.
 
 Loss normalisation: every micro-batch's mean loss is re-weighted by its share of the *global* batch's

@@ -18,15 +18,14 @@ FAILED. Returns a report dict for the CLI.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 import tempfile
 import time
-from pathlib import Path
 
 from mlm_core.errors import MlmError
+from mlm_core.train.metrics_file import read_records
 from tasks.tracking.journal import entry_key, pending, settle
 from tasks.tracking.tracker import Tracker
 from tasks.tracking.values import (MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH, chunks, flatten_params,
@@ -35,17 +34,6 @@ from tasks.tracking.values import (MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BA
 log = logging.getLogger(__name__)
 
 FINISHED_STATUSES = ("FINISHED", "FAILED", "KILLED")
-
-
-def _records(path: Path) -> list[dict]:
-    out = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:      # a line cut short by a killed process
-                continue
-    return out
 
 
 def _missing_points(client, run_id: str, points: list) -> list:
@@ -117,7 +105,7 @@ class _Replay:
                     self.c.log_artifact(run_id, str(p), artifact_path="plots")
                     n += 1
             self.report["artifacts"] += n
-        points = _missing_points(self.c, run_id, history_points(_records(art.path / "metrics.jsonl"), ts=ts))
+        points = _missing_points(self.c, run_id, history_points(read_records(art.path / "metrics.jsonl"), ts=ts))
         for chunk in chunks(points, MAX_METRICS_PER_BATCH):
             self.c.log_batch(run_id, metrics=chunk)
         self.report["points"] += len(points)
