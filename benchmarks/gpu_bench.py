@@ -111,7 +111,8 @@ def run(args) -> dict:
                 first: list = []
                 fn = tt.bench_ours if who == "ours" else tt.bench_hf
                 try:
-                    t = fn(arch, data, device, dtype, args.warmup, args.steps, compiled=compiled, first=first)
+                    step = fn(arch, data, device, dtype, compiled=compiled)     # one training step, a closure
+                    t = tt.time_steps(step, device, args.warmup, args.steps, first=first)
                 except Exception as e:       # an OOM or a compile failure must not lose the other rows
                     row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                     t = None

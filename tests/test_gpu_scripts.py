@@ -44,7 +44,9 @@ def test_gpu_bench_dry_run_measures_both_models(tmp_path):
     out = tmp_path / "gpu"
     r = _run(["benchmarks/gpu.sh", "--dry-run"], OUT=str(out))
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
-    files = list(tmp_path.glob("gpu-dry-run/*.json"))
-    assert files, list(tmp_path.rglob("*"))
-    rows = json.loads(files[0].read_text())
-    assert rows, "no rows"
+    res = json.loads((tmp_path / "gpu-dry-run" / "gpu_results.json").read_text())
+    eager = [r for r in res["rows"] if not r["compiled"]]
+    # every uncompiled row of both models measured: no error, a positive rate and an MFU in (0, 1]
+    assert {r["impl"] for r in eager} == {"ours", "hf"} and len(eager) == 2 * len({r["seq"] for r in eager}), eager
+    for r in eager:
+        assert "error" not in r and r.get("tokens_per_s", 0) > 0 and 0 < r["mfu"] <= 1, r
