@@ -1,12 +1,15 @@
-"""Execution engines for partitioned stages: each partition a Prefect task on the flow's Dask task runner.
+"""Execution engines for partitioned stages: batches of partitions as Prefect tasks on the flow's Dask task runner.
 
 ``mapper_for(lc, stage)`` returns the ``mlm_core.partitions.Mapper`` a stage's partitions go through:
 ``None`` for ``execution.engine: local`` (the stage's own in-process pool, today's speed), or a Dask mapper
 for ``engine: dask``: prefect-dask's ``DaskTaskRunner`` on an existing scheduler (``execution.address``)
-or on a LocalCluster of ``execution.workers`` processes. Each partition is then one Prefect task run
-(``partition_task``, named ``<stage>[i] <key>``: visible in the UI, retried on its own), and its output
-is cached by its own content key (``mlm_core.partitions``: a complete partition folder is reused, so a
-rerun after a failure recomputes only the missing partitions). A worker lost mid-stage: Dask reruns its
+or on a LocalCluster of ``execution.workers`` processes. The partitions go in batches of consecutive
+partitions (``batches``: about ``TASKS_PER_THREAD`` per worker thread of the cluster, so many small partitions
+do not each pay a Prefect task run and a Dask round trip); each batch is one Prefect task run
+(``partition_batch_task``, named ``<stage>[i-j] <first key>``: visible in the UI, retried on its own) that runs
+its partitions one after another. Each partition's output is still its own folder, cached by its own content
+key (``mlm_core.partitions``: a complete partition folder is reused, so a retried batch or a rerun after a
+failure recomputes only the missing partitions). A worker lost mid-stage: Dask reruns its
 partitions on the other workers (each writes into a fresh temporary folder, renamed into place once).
 
 Before any partition runs (``check_cluster``), each failure is a clear ``EngineError``:
@@ -46,10 +49,35 @@ class EngineError(MlmError):
     the workdir, a scheduler lost mid-stage)."""
 
 
-@task(name="partition", retries=2, retry_delay_seconds=1)
-def partition_task(job: dict) -> dict:
-    """Process one partition (``mlm_core.partitions.run_partition``); a complete folder is reused."""
-    return run_partition(job)
+TASKS_PER_THREAD = 3    # batches per worker thread: enough to balance uneven batches, few enough to amortize a task
+
+
+@task(name="partitions", retries=2, retry_delay_seconds=1)
+def partition_batch_task(jobs: list[dict]) -> list[dict]:
+    """Process a batch of partitions one after another (``mlm_core.partitions.run_partition`` each: every
+    partition still writes its own folder atomically, so a retry or a rerun reuses the complete ones)."""
+    return [run_partition(j) for j in jobs]
+
+
+def batches(n_jobs: int, threads: int, per_thread: int = TASKS_PER_THREAD) -> list[range]:
+    """Consecutive runs of job indexes, one Dask task each: ``min(n_jobs, threads x per_thread)`` runs whose
+    lengths differ by at most one (the first ones longer), covering ``range(n_jobs)`` in order."""
+    n = min(n_jobs, max(1, threads) * max(1, per_thread))
+    if n <= 0:
+        return []
+    size, extra = divmod(n_jobs, n)
+    out, start = [], 0
+    for i in range(n):
+        stop = start + size + (i < extra)
+        out.append(range(start, stop))
+        start = stop
+    return out
+
+
+def cluster_threads(client) -> int:
+    """Worker threads of the cluster the client talks to (at least 1)."""
+    workers = client.scheduler_info().get("workers", {})
+    return max(1, sum(int(w.get("nthreads") or 1) for w in workers.values()))
 
 
 _SESSION: dict | None = None      # inside ``session()``: LocalClusters kept for every stage of a pipeline run
@@ -206,21 +234,27 @@ class DaskMapper:
         with _api_settings(), self._runner() as runner:
             if not self.ex.address:
                 check_cluster(runner.client, self.lc.workdir, where)
-            futures = [runner.submit(partition_task.with_options(task_run_name=f"{self.stage}[{i}] {j['key']}"),
-                                     {"job": j}) for i, j in enumerate(jobs)]
+            groups = batches(len(jobs), cluster_threads(runner.client))
+            futures = [runner.submit(partition_batch_task.with_options(task_run_name=self._name(g, jobs)),
+                                     {"jobs": [jobs[i] for i in g]}) for g in groups]
             results = []
-            for i, f in enumerate(futures):
+            for f in futures:
                 try:
-                    results.append(f.result())
+                    results.extend(f.result())
                 except Exception as exc:
                     if _lost_scheduler(exc, runner):
                         raise EngineError(
                             f"{self.stage}: the Dask scheduler at {where} went away mid-stage ({type(exc).__name__}; "
-                            f"{i} of {len(jobs)} partition results received). The finished partitions are kept: "
-                            "rerun the stage once the scheduler is back, only the missing partitions run") from None
+                            f"{len(results)} of {len(jobs)} partition results received). The finished partitions are "
+                            "kept: rerun the stage once the scheduler is back, only the missing partitions run") from None
                     raise
-            log.info("%s: %d partitions on %s", self.stage, len(results), where)
+            log.info("%s: %d partitions in %d tasks on %s", self.stage, len(results), len(groups), where)
             return results
+
+    def _name(self, g: range, jobs: list[dict]) -> str:
+        """The task run's name: ``<stage>[i] <key>`` for one partition, ``<stage>[i-j] <first key>`` for a batch."""
+        idx = f"{g[0]}" if len(g) == 1 else f"{g[0]}-{g[-1]}"
+        return f"{self.stage}[{idx}] {jobs[g[0]]['key']}"
 
 
 def _tcp_reachable(address: str) -> None:
@@ -260,4 +294,4 @@ def _api_settings():
     return temporary_settings({PREFECT_API_URL: url})
 
 
-__all__ = ["EngineError", "mapper_for", "partition_task", "check_cluster", "compare_versions", "DaskMapper"]
+__all__ = ["EngineError", "mapper_for", "partition_batch_task", "batches", "cluster_threads", "check_cluster", "compare_versions", "DaskMapper"]

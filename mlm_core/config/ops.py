@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from mlm_core.config.effects import Section
 
@@ -89,16 +89,28 @@ class ExecutionConfig(Section):
 
     engine: Literal["local", "dask"] = Field(
         default="local", description="local: this process's own pool (normalize.workers / shards.workers); "
-        "dask: every partition is a Prefect task on prefect-dask's DaskTaskRunner (a cluster at `address`, else "
-        "a LocalCluster of `workers` processes). Workers must see the workdir (shared filesystem).",
+        "dask: batches of partitions (about 3 per worker thread) are Prefect tasks on prefect-dask's DaskTaskRunner "
+        "(a cluster at `address`, else a LocalCluster of `workers` processes). Workers must see the workdir "
+        "(shared filesystem).",
         json_schema_extra={"effect": "none"})
     address: str | None = Field(
         default=None, description="engine dask: the scheduler of an existing cluster, e.g. tcp://10.0.0.5:8786 "
         "(unset: a LocalCluster on this machine). Ignored, with a warning, by engine local.",
         json_schema_extra={"effect": "none"})
     workers: int = Field(default=2, ge=1, description="engine dask without address: LocalCluster worker processes "
-                         "(one thread each).", json_schema_extra={"effect": "none"})
-    partition_mb: float = Field(
-        default=64, gt=0, description="Large inputs are split into partitions of about this many MiB (normalize: "
-        "by file and byte range; shards: by language and run of documents), each processed independently.",
-        json_schema_extra={"effect": "none"})
+                         "(one thread each). With `address`: the cluster's worker threads, which `partition_mb: auto` "
+                         "sizes partitions for.", json_schema_extra={"effect": "none"})
+    partition_mb: float | Literal["auto"] = Field(
+        default="auto", description="Large inputs are split into partitions of about this many MiB (normalize: "
+        "by file and byte range; shards: by language and run of documents), each processed independently. auto: "
+        "from the input's size and the workers (about 4 partitions per worker, each between 8 and 64 MiB; "
+        "mlm_core/partition_size.py).", json_schema_extra={"effect": "none"})
+
+    @field_validator("partition_mb", mode="before")
+    @classmethod
+    def _size_or_auto(cls, v):
+        if v is None or v == "auto":
+            return "auto"
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v != v or v == float("inf"):
+            raise ValueError("must be a size in MiB > 0 or 'auto'")
+        return float(v)

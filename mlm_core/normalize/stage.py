@@ -133,13 +133,26 @@ def process_partition(part: Partition, cfg, scripts: list[str], out_dir: Path) -
 
 
 def plan(lc) -> list[Partition]:
-    """Every language's sources as partitions (``execution.partition_mb``), in source order."""
+    """Every language's sources as partitions (``execution.partition_mb``, or ``auto``: sized from the
+    sources' total bytes, ``mlm_core.partition_size``), in source order."""
+    from mlm_core.partition_size import partition_bytes
     cfg = lc.config
-    mb = getattr(getattr(cfg, "execution", None), "partition_mb", None) or 64
+    size = partition_bytes(lc, _source_bytes(lc), cfg.normalize.workers)
     parts: list[Partition] = []
     for lang in cfg.languages:
-        parts += plan_partitions(lang, cfg.sources[lang], lc.base_dir, max(1, int(mb * 2**20)), len(parts))
+        parts += plan_partitions(lang, cfg.sources[lang], lc.base_dir, size, len(parts))
     return parts
+
+
+def _source_bytes(lc) -> int:
+    """The sources' file sizes summed (a ``datasets`` source counts 0: its size is unknown before reading)."""
+    from mlm_core.normalize.readers import expand_paths
+    total = 0
+    for lang in lc.config.languages:
+        src = lc.config.sources[lang]
+        if src.dataset is None:
+            total += sum(Path(p).stat().st_size for p in expand_paths(list(src.paths), lc.base_dir, f"sources.{lang}"))
+    return total
 
 
 def file_indexes(parts: list[Partition]) -> dict[str, int]:

@@ -49,7 +49,6 @@ from mlm_core.shards.split import (  # noqa: F401
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation")
-DEFAULT_PARTITION_MB = 64     # no execution.partition_mb in the config: about one partition per 64 MiB of text
 ROLES = ("pad", "unk", "cls", "sep", "mask")
 
 
@@ -93,12 +92,24 @@ def _setup(lc, upstream: dict):
     return tok_file, tok, vocab_size, specials, layout
 
 
-def partition_bytes(lc) -> int:
-    """Text per encode partition: ``execution.partition_mb`` when the config has it (speed only: the output
-    does not depend on it), else ``DEFAULT_PARTITION_MB``."""
-    ex = getattr(lc.config, "execution", None)
-    mb = getattr(ex, "partition_mb", None) or DEFAULT_PARTITION_MB
-    return max(1, int(float(mb) * 2**20))
+def partition_bytes(lc, docs_dir: Path) -> int:
+    """Text per encode partition: ``execution.partition_mb`` when it is a number, else (``auto``) sized from the
+    languages' text bytes and the workers (``mlm_core.partition_size``). Speed only: the output does not depend
+    on it."""
+    from mlm_core.partition_size import partition_bytes as sized
+    return sized(lc, _text_bytes(docs_dir, lc.config.languages), lc.config.shards.workers)
+
+
+def _text_bytes(docs_dir: Path, langs) -> int:
+    """The text column's uncompressed bytes in every ``docs/<lang>.parquet`` (metadata only)."""
+    total = 0
+    for lang in langs:
+        p = docs_dir / f"{lang}.parquet"
+        if p.is_file():
+            md = pq.ParquetFile(p).metadata
+            col = md.schema.to_arrow_schema().get_field_index("text")
+            total += sum(md.row_group(g).column(col).total_uncompressed_size for g in range(md.num_row_groups))
+    return total
 
 
 def plan_shards(lc, upstream: dict, part_bytes: int | None = None) -> list[dict]:
@@ -107,7 +118,7 @@ def plan_shards(lc, upstream: dict, part_bytes: int | None = None) -> list[dict]
     cfg = lc.config.shards
     docs_dir = Path(upstream["normalize"].path) / "docs"
     _, tok, _, _, _ = _setup(lc, upstream)
-    part_bytes = part_bytes or partition_bytes(lc)
+    part_bytes = part_bytes or partition_bytes(lc, docs_dir)
     _cda_lists(lc)          # a bad or missing CDA word list fails here, before any encoding
     langs, dropped = [], []
     for lang in lc.config.languages:
