@@ -143,11 +143,11 @@ def dir_bytes(p: Path) -> int:
 
 # ----------------------------------------------------------------------------------------- jobs (subprocesses)
 def _artifacts(root: Path):
-    from mlm_core.store import Artifact
+    from mlm_core.artifacts import parse
     tok_dir = root / "tokenizer"
     manifest = json.loads((tok_dir / "manifest.json").read_text())
-    return (Artifact("normalize", "bench-normalize", root / "normalize", {}),
-            Artifact("tokenizer", "bench-tokenizer", tok_dir, manifest))
+    return (parse("normalize", root / "normalize", {}, "bench-normalize", strict=False),
+            parse("tokenizer", tok_dir, manifest, "bench-tokenizer", strict=False))
 
 
 def job_ours(root: Path, seq_len: int, workers: int) -> dict:

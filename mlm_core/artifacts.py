@@ -9,11 +9,11 @@ manifest stays on the object (``manifest``) for the keys no reader has a type fo
 The store writes what it always writes (``config``, ``upstream``, ``output_key``, ``code_version``, ``thresholds``,
 ``created_at``, ``files``...) around the stage's own fields (``mlm_core.store.StageStore.write``); every type has
 those as ``config``/``upstream``/``created_at``. ``ARTIFACT_TYPES`` maps a stage name to its type;
-``StageStore.load_typed`` / ``Artifact.typed()`` return it.
+``StageStore.load`` returns it, and ``mlm_core.stages.execute`` hands each stage its upstream (and declared
+context) outputs as these types. A stage with no entry (a test stage) gets a generic ``StageArtifact``.
 
-Writers: the tokenizer manifest is built by ``tokenizer_manifest`` (both ``mlm_core.tokenizer.stage`` and
-``mlm_core.tokenizer.from_stage`` call it). The pretrain manifest is still written in ``mlm_core.train.stage``
-(being restructured separately); its keys are ``PretrainedModel``'s fields.
+Writers: each manifest is built in one place, the stage's ``run``; the tokenizer's, which two code paths produce,
+by ``tokenizer_manifest`` (``mlm_core.tokenizer.stage`` and ``mlm_core.tokenizer.from_stage`` both call it).
 
 A leaf module: it imports only ``mlm_core.errors``, so the store can import it.
 """
@@ -66,20 +66,31 @@ class StageArtifact:
                      and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
 
     @classmethod
-    def from_manifest(cls, path: Path | str, manifest: dict):
-        """The typed output stored in ``path`` from its parsed ``manifest``; ManifestError names file and key."""
+    def from_manifest(cls, path: Path | str, manifest: dict, fingerprint: str | None = None, strict: bool = True):
+        """The typed output stored in ``path`` from its parsed ``manifest``; ManifestError names file and key.
+
+        ``strict=False`` (listing every stored output, old code versions included): a missing required key
+        reads as None instead of raising, so an old output can still be listed, sized and removed."""
         path = Path(path)
         where = path / MANIFEST_FILE
         if not isinstance(manifest, dict):
             raise ManifestError(f"{where}: not a JSON object (a {cls.stage} manifest is one)")
-        for key in cls.required_keys():
-            if key not in manifest:
-                raise ManifestError(f"{where}: the {cls.stage} manifest has no key {key!r} (a {cls.__name__} "
-                                    f"needs {', '.join(cls.required_keys())}); rebuild the output with "
-                                    f"`mlm run CONFIG --only {cls.stage} --force`")
-        values = {k: manifest[k] for k in cls.keys() if k in manifest}
-        fp = str(manifest.get("fingerprint") or path.name)
+        missing = [k for k in cls.required_keys() if k not in manifest]
+        if missing and strict:
+            raise ManifestError(f"{where}: the {cls.stage} manifest has no key {missing[0]!r} (a {cls.__name__} "
+                                f"needs {', '.join(cls.required_keys())}); rebuild the output with "
+                                f"`mlm run CONFIG --only {cls.stage} --force`")
+        values = {k: manifest[k] for k in cls.keys() if k in manifest} | dict.fromkeys(missing)
+        fp = str(fingerprint or manifest.get("fingerprint") or path.name)
         return cls(path=path, fingerprint=fp, manifest=manifest, **values)
+
+    @property
+    def stats(self) -> dict:
+        return self.manifest.get("stats", {})
+
+    def size_bytes(self) -> int:
+        """The stored files' total size, from the manifest's file table."""
+        return sum(f["bytes"] for f in self.manifest.get("files", {}).values())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,8 +174,8 @@ class ShardSet(StageArtifact):
 
 @dataclass(frozen=True, kw_only=True)
 class PretrainedModel(StageArtifact):
-    """pretrain: the exported encoder, ``metrics.jsonl``. Written by ``mlm_core.train.stage`` (not yet through
-    this type: that package is being restructured); these fields are its keys."""
+    """pretrain: the exported encoder, ``metrics.jsonl``. Written by ``mlm_core.train.stage.run_pretrain`` (its
+    one writer); these fields are its keys."""
 
     stage: ClassVar[str] = "pretrain"
     objective: str
@@ -232,15 +243,25 @@ ARTIFACT_TYPES: dict[str, type[StageArtifact]] = {
                          Registration)}
 
 
-def parse(stage: str, path: Path | str, manifest: dict) -> StageArtifact:
-    """The typed output of ``stage`` (ARTIFACT_TYPES) stored in ``path``."""
-    try:
-        cls = ARTIFACT_TYPES[stage]
-    except KeyError:
-        raise ManifestError(f"{Path(path) / MANIFEST_FILE}: no artifact type for stage {stage!r} "
-                            f"(types: {', '.join(ARTIFACT_TYPES)})") from None
-    return cls.from_manifest(path, manifest)
+_GENERIC: dict[str, type[StageArtifact]] = {}
+
+
+def artifact_type(stage: str) -> type[StageArtifact]:
+    """The output type of ``stage``: ARTIFACT_TYPES's, else (a stage that declares no type of its own, such as a
+    stage added by a plugin or a test) a ``StageArtifact`` named for it, with only the store's keys."""
+    if stage in ARTIFACT_TYPES:
+        return ARTIFACT_TYPES[stage]
+    if stage not in _GENERIC:
+        _GENERIC[stage] = type(f"{stage.title().replace('_', '')}Output", (StageArtifact,), {"stage": stage})
+    return _GENERIC[stage]
+
+
+def parse(stage: str, path: Path | str, manifest: dict, fingerprint: str | None = None,
+          strict: bool = True) -> StageArtifact:
+    """The typed output of ``stage`` (``artifact_type``) stored in ``path``."""
+    return artifact_type(stage).from_manifest(path, manifest, fingerprint, strict)
 
 
 __all__ = ["ARTIFACT_TYPES", "Audit", "Evaluation", "ManifestError", "NormalizedCorpus", "PretrainedModel",
-           "Registration", "ShardSet", "StageArtifact", "TokenizerArtifact", "parse", "tokenizer_manifest"]
+           "Registration", "ShardSet", "StageArtifact", "TokenizerArtifact", "artifact_type", "parse",
+           "tokenizer_manifest"]

@@ -31,24 +31,25 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from mlm_core.errors import StageError
-from mlm_core.store import Artifact, canonical_json, fsync_dir
+from mlm_core.artifacts import StageArtifact, parse
+from mlm_core.store import canonical_json, fsync_dir
 
 PART_JSON = "part.json"
 PARTITIONS_DIR = "partitions"
 
 
 class PartitionedStage(Protocol):
-    """A stage as map -> reduce. ``upstream``: the stage's upstream outputs by stage name (``Artifact``s)."""
+    """A stage as map -> reduce. ``upstream``: the stage's upstream outputs by stage name (``StageArtifact``s)."""
 
     name: str
 
-    def plan(self, lc, upstream: dict[str, Artifact]) -> list[dict]:
+    def plan(self, lc, upstream: dict[str, StageArtifact]) -> list[dict]:
         """JSON-able partition descriptors, in a deterministic order."""
 
-    def process(self, lc, upstream: dict[str, Artifact], part: dict, out_dir: Path) -> dict:
+    def process(self, lc, upstream: dict[str, StageArtifact], part: dict, out_dir: Path) -> dict:
         """Write one partition's files into ``out_dir`` only; return a JSON-able result. Pure and idempotent."""
 
-    def merge(self, lc, upstream: dict[str, Artifact], parts: list[dict], results: list[dict],
+    def merge(self, lc, upstream: dict[str, StageArtifact], parts: list[dict], results: list[dict],
               part_dirs: list[Path], out_dir: Path) -> dict:
         """Write the stage output into ``out_dir`` from every partition's folder; return the manifest fields."""
 
@@ -93,17 +94,17 @@ def load_context(ctx: dict):
                         Path(ctx["base_dir"]), tuple(ctx["overrides"]))
 
 
-def _upstream_json(upstream: dict[str, Artifact]) -> dict:
+def _upstream_json(upstream: dict[str, StageArtifact]) -> dict:
     return {k: {"fingerprint": a.fingerprint, "path": str(a.path)} for k, a in upstream.items()}
 
 
-def _load_upstream(up: dict) -> dict[str, Artifact]:
+def _load_upstream(up: dict) -> dict[str, StageArtifact]:
     """Upstream outputs from their stored manifests (the driver verified them before planning)."""
     from mlm_core.store import MANIFEST
     out = {}
     for k, v in up.items():
         p = Path(v["path"])
-        out[k] = Artifact(k, v["fingerprint"], p, json.loads((p / MANIFEST).read_text(encoding="utf-8")))
+        out[k] = parse(k, p, json.loads((p / MANIFEST).read_text(encoding="utf-8")), v["fingerprint"])
     return out
 
 
@@ -210,7 +211,7 @@ def _collect(results, on_result) -> list[dict]:
 
 
 # ---------------------------------------------------------------- the stage: plan -> map -> merge
-def run_partitioned(name: str, lc, upstream: dict[str, Artifact], out_dir: Path, stage_fp: str,
+def run_partitioned(name: str, lc, upstream: dict[str, StageArtifact], out_dir: Path, stage_fp: str,
                     mapper: Mapper | None = None, on_keys: Callable[[list[Path]], None] | None = None,
                     root: Path | None = None, *, target: str) -> dict:
     """Plan, process every partition through ``mapper`` (default: the stage's local mapper), merge.

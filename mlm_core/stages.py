@@ -26,7 +26,8 @@ from mlm_core.config import (
 from mlm_core.config.io import LoadedConfig
 from mlm_core.errors import PlanError
 from mlm_core import stage_calls as calls
-from mlm_core.store import Artifact, StageStore, fingerprint
+from mlm_core.artifacts import StageArtifact
+from mlm_core.store import StageStore, fingerprint
 from mlm_core.train.stage import CODE_VERSION as PRETRAIN_CODE_VERSION
 from mlm_core.train.stage import pretrain_inputs
 
@@ -42,8 +43,13 @@ class StageSpec:
     # fingerprint changes, so stored outputs of the old code are recomputed instead of silently reused.
     code_version: str
     reads: tuple[str, ...]                            # top-level config keys the stage reads (sections or values)
-    run: Callable[..., dict]                          # (lc, upstream: dict[str, Artifact], out_dir) -> manifest fields
+    run: Callable[..., dict]                          # (lc, upstream: {stage: typed output}, out_dir) -> manifest
     inputs: Callable[[LoadedConfig], Any] | None = None
+    # Outputs the stage also reads that lie behind its upstream (their fingerprints are already in an upstream's,
+    # so they do not enter this stage's): ``execute`` loads them as typed outputs into ``upstream`` beside the
+    # upstream ones, None when not in the store (the stage says what it then cannot do). A stage never opens the
+    # store itself.
+    context: tuple[str, ...] = ()
     derived: Callable[[LoadedConfig], dict] | None = None   # values computed from output fields (scripts, alpha)
     summary: str = ""
     # What the other layers do with the stage, declared here by name: a reference is "module:attribute", imported
@@ -198,14 +204,14 @@ STAGES: dict[str, StageSpec] = {
                           plots=_P + "reliability_plot",
                           summary="per-language metrics and zero-shot transfer"),
     "audit": StageSpec("audit", ("pretrain",), code_version="2", reads=("audit", "debias"), run=calls.run_audit,
-                       inputs=calls.audit_inputs, suite="audit", contract_tables=_C + "audit_tables",
+                       inputs=calls.audit_inputs, context=("normalize",), suite="audit", contract_tables=_C + "audit_tables",
                        table=_P + "audit_rows", table_title="CrowS-Pairs per language",
                        summary="CrowS-Pairs and template bias audits"),
     # registry.gates are declared "output" of this stage, not thresholds: the stage's output *is* the gate
     # decision (gates.json, the model card), promotion follows it, and the stage is cheap and last, so
     # recomputing it is how a gate change is re-evaluated.
     "register": StageSpec("register", ("pretrain", "evaluate", "audit"), code_version="3", reads=("registry",),
-                          run=calls.run_register, suite="register", contract_tables=_C + "register_tables",
+                          context=("normalize", "tokenizer", "shards"), run=calls.run_register, suite="register", contract_tables=_C + "register_tables",
                           table=_P + "register_rows",
                           table_title="Promotion gates (gate, threshold, value, pass): `champion` needs every "
                                       "gate to pass",
@@ -308,7 +314,7 @@ def select(plans: dict[str, StagePlan], only: str | None = None, from_: str | No
 
 def execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: bool = False,
             check: Callable[[Path, dict], None] | None = None,
-            store: StageStore | None = None, hooks: dict | None = None) -> tuple[Artifact, bool]:
+            store: StageStore | None = None, hooks: dict | None = None) -> tuple[StageArtifact, bool]:
     """``_execute`` under a per-output lock (``mlm_core.locks``): a second run of the same stage and fingerprint
     waits for the first, then reuses its output (even when forced: it is fresh). Errors name the stage."""
     from mlm_core.locks import stage_lock, tag_stage
@@ -321,7 +327,7 @@ def execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: boo
         return _execute(lc, name, plans, force, check, store, hooks)
 
 
-def _load_verified(lc: LoadedConfig, store: StageStore, name: str, fp: str) -> Artifact:
+def _load_verified(lc: LoadedConfig, store: StageStore, name: str, fp: str) -> StageArtifact:
     """``store.load`` under the config's verify policy; a corrupt output's error gives the user's own rebuild
     command (config path, overrides, the stage)."""
     from mlm_core.commands import run_command
@@ -332,9 +338,24 @@ def _load_verified(lc: LoadedConfig, store: StageStore, name: str, fp: str) -> A
         raise CorruptOutputError(exc.report, run_command(lc, "--only", name, "--force")) from None
 
 
+def _context(lc: LoadedConfig, store: StageStore, spec: StageSpec, plans: dict[str, StagePlan]) -> dict:
+    """The stage's declared context outputs ({stage: typed output, or None when not in the store or unreadable})
+    at the fingerprints this run's plan gives them: the same ones its upstream outputs were built from."""
+    from mlm_core.artifacts import ManifestError
+    out: dict = {}
+    for c in spec.context:
+        fp = plans[c].fingerprint if c in plans else None
+        try:
+            out[c] = _load_verified(lc, store, c, fp) if fp and store.is_complete(c, fp) else None
+        except (OSError, ValueError, ManifestError) as exc:
+            log.warning("%s: its context output %s %s is unreadable (%s)", spec.name, c, fp, exc)
+            out[c] = None
+    return out
+
+
 def _execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: bool = False,
              check: Callable[[Path, dict], None] | None = None,
-             store: StageStore | None = None, hooks: dict | None = None) -> tuple[Artifact, bool]:
+             store: StageStore | None = None, hooks: dict | None = None) -> tuple[StageArtifact, bool]:
     """Run one stage unless its output is complete (and not forced). Returns (artifact, cache_hit).
 
     ``check(out_dir, manifest)`` (the data contract) sees the manifest with the current thresholds merged into
@@ -352,6 +373,7 @@ def _execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: bo
         if not store.is_complete(u, ufp):
             raise PlanError(f"stage {name!r} needs {u!r} output {ufp}, which is missing: run stage {u!r} first")
         upstream[u] = _load_verified(lc, store, u, ufp)   # corrupt: CorruptOutputError
+    upstream |= _context(lc, store, spec, plans)
     # thresholds: those the output was validated against when written (a cache hit under others re-validates)
     base = {"config": p.config, "upstream": p.upstream, "code_version": spec.code_version,
             "output_key": p.output_key, "thresholds": p.thresholds}

@@ -211,27 +211,6 @@ def _write_sidecar(path: Path, record: dict) -> None:
         log.debug("cannot record verification in %s: %s", path / VERIFIED, exc)
 
 
-@dataclass(frozen=True)
-class Artifact:
-    """A complete stage output: where it is, what produced it, and its manifest (counts, files, versions)."""
-
-    stage: str
-    fingerprint: str
-    path: Path
-    manifest: dict = field(repr=False, compare=False)
-
-    @property
-    def stats(self) -> dict:
-        return self.manifest.get("stats", {})
-
-    def size_bytes(self) -> int:
-        return sum(f["bytes"] for f in self.manifest.get("files", {}).values())
-
-    def typed(self) -> StageArtifact:
-        """This output as its stage's type (``mlm_core.artifacts``); ManifestError names a missing key."""
-        return parse(self.stage, self.path, self.manifest)
-
-
 class StageStore:
     def __init__(self, workdir: Path):
         self.root = Path(workdir)
@@ -246,19 +225,17 @@ class StageStore:
     def is_complete(self, stage: str, fp: str) -> bool:
         return (self.out_dir(stage, fp) / MANIFEST).is_file()
 
-    def load(self, stage: str, fp: str, verify: VerifyPolicy | None = None) -> Artifact:
-        """The output's artifact; with ``verify``, checked against its manifest first (CorruptOutputError if not)."""
+    def load(self, stage: str, fp: str, verify: VerifyPolicy | None = None, strict: bool = True) -> StageArtifact:
+        """The output as its stage's type (``mlm_core.artifacts``: a missing key is a ManifestError naming the
+        file; ``strict=False`` reads it as None); with ``verify``, checked against its manifest first
+        (CorruptOutputError if not)."""
         d = self.out_dir(stage, fp)
         manifest = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
         if verify is not None:
             rep = verify_files(d, manifest, verify, stage, fp)
             if not rep.ok:
                 raise CorruptOutputError(rep)
-        return Artifact(stage, fp, d, manifest)
-
-    def load_typed(self, stage: str, fp: str, verify: VerifyPolicy | None = None) -> StageArtifact:
-        """``load`` as the stage's typed artifact (``mlm_core.artifacts.ARTIFACT_TYPES``)."""
-        return self.load(stage, fp, verify).typed()
+        return parse(stage, d, manifest, fp, strict)
 
     def verify(self, stage: str, fp: str, policy: VerifyPolicy = "always") -> VerifyReport:
         """Report (never raise) on a complete output: every file that does not match its manifest."""
@@ -271,12 +248,13 @@ class StageStore:
             return rep
         return verify_files(d, manifest, policy, stage, fp)
 
-    def complete_outputs(self, stage: str) -> list[Artifact]:
-        """Every complete output of a stage, newest first (temporary folders are skipped)."""
+    def complete_outputs(self, stage: str) -> list[StageArtifact]:
+        """Every complete output of a stage, newest first (temporary folders are skipped; an old code version's
+        manifest lacking a key its type now requires still lists, the key read as None)."""
         d = self.root / stage
         if not d.is_dir():
             return []
-        arts = [self.load(stage, p.name) for p in d.iterdir()
+        arts = [self.load(stage, p.name, strict=False) for p in d.iterdir()
                 if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST).is_file()]
         return sorted(arts, key=lambda a: a.manifest.get("created_at", 0), reverse=True)
 
@@ -300,7 +278,7 @@ class StageStore:
         return removed
 
     def write(self, stage: str, fp: str, produce: Callable[[Path], dict], manifest_base: dict,
-              check: Callable[[Path, dict], None] | None = None) -> Artifact:
+              check: Callable[[Path, dict], None] | None = None) -> StageArtifact:
         """Run ``produce(tmp_dir) -> manifest fields`` into a temp folder, write the manifest last, rename into place.
 
         ``check(tmp_dir, manifest)`` runs before the rename (data contracts): if it raises, the output is
@@ -317,6 +295,7 @@ class StageStore:
                 manifest = {**manifest_base, **extra, "stage": stage, "fingerprint": fp,
                             "created_at": time.time(), "duration_s": round(time.time() - t0, 3),
                             "libraries": library_versions(), "files": file_table(tmp)}
+                parse(stage, tmp, manifest, fp)     # the stage's type: a missing key fails here, never complete
                 if check is not None:
                     check(tmp, manifest)
             except Exception as exc:

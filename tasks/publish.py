@@ -7,7 +7,7 @@ formats them. Which function builds a stage's table and plots is declared in its
 from __future__ import annotations
 
 import errno
-from mlm_core.store import Artifact
+from mlm_core.artifacts import StageArtifact
 
 TRANSIENT_ERRNOS = {errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED,
                     errno.EIO, errno.ESTALE}
@@ -26,7 +26,7 @@ def is_transient(state) -> bool:
     return False
 
 
-def normalize_rows(art: Artifact) -> list[dict]:
+def normalize_rows(art: StageArtifact) -> list[dict]:
     rows = []
     for lang, s in sorted(art.manifest.get("languages", {}).items()):
         rows.append({"lang": lang, "records": s["records"], "docs": s["docs"], "chars": s["chars"],
@@ -36,7 +36,7 @@ def normalize_rows(art: Artifact) -> list[dict]:
     return rows
 
 
-def tokenizer_rows(art: Artifact) -> list[dict]:
+def tokenizer_rows(art: StageArtifact) -> list[dict]:
     # the limits the output was last validated against (thresholds are not part of the stored output)
     tcfg = (art.manifest.get("thresholds") or {}).get("tokenizer") or {}
     per_lang = tcfg.get("max_fertility_per_lang") or {}
@@ -47,7 +47,7 @@ def tokenizer_rows(art: Artifact) -> list[dict]:
             for lang, s in sorted(art.manifest.get("languages", {}).items())]
 
 
-def shards_rows(art: Artifact) -> list[dict]:
+def shards_rows(art: StageArtifact) -> list[dict]:
     langs = art.manifest.get("languages", {})
     return [{"lang": r["lang"], "docs": langs[r["lang"]]["docs_train"] + langs[r["lang"]]["docs_validation"],
              "tokens_train": r["n"], "sequences_train": langs[r["lang"]]["rows_train"],
@@ -55,7 +55,7 @@ def shards_rows(art: Artifact) -> list[dict]:
             for r in art.manifest.get("sampling", {}).get("table", [])]
 
 
-def pretrain_rows(art: Artifact) -> list[dict]:
+def pretrain_rows(art: StageArtifact) -> list[dict]:
     """[MASK]-only top-1 vs the baseline first (what measures learning), then the all-target (80/10/10) figures."""
     from mlm_core.train.stage import beats_baseline
     def masked(r: dict) -> dict:
@@ -69,7 +69,7 @@ def pretrain_rows(art: Artifact) -> list[dict]:
             for lang, r in sorted(art.manifest.get("eval", {}).items())]
 
 
-def evaluate_rows(art: Artifact) -> list[dict]:
+def evaluate_rows(art: StageArtifact) -> list[dict]:
     rows = []
     for lang, r in sorted(art.manifest.get("languages", {}).items()):
         if r.get("missing"):
@@ -81,7 +81,7 @@ def evaluate_rows(art: Artifact) -> list[dict]:
     return rows
 
 
-def audit_rows(art: Artifact) -> list[dict]:
+def audit_rows(art: StageArtifact) -> list[dict]:
     return [dict(r) for r in art.manifest.get("crows", [])]
 
 
@@ -90,12 +90,12 @@ def _sig(v, digits: int = 4):
     return v if not isinstance(v, float) else float(f"{v:.{digits}g}")
 
 
-def register_rows(art: Artifact) -> list[dict]:
+def register_rows(art: StageArtifact) -> list[dict]:
     return [{"gate": g["name"], "threshold": _sig(g["threshold"]), "value": _sig(g["value"]),
              "pass": g["passed"], "detail": g["detail"]} for g in art.manifest.get("gates", [])]
 
 
-def shares_plot(art: Artifact, dest) -> list:
+def shares_plot(art: StageArtifact, dest) -> list:
     """Natural vs temperature-sampled language shares for several α (PNG under ``dest``)."""
     from pathlib import Path
 
@@ -126,7 +126,7 @@ def shares_plot(art: Artifact, dest) -> list:
     return [out]
 
 
-def reliability_plot(art: Artifact, dest) -> list:
+def reliability_plot(art: StageArtifact, dest) -> list:
     """evaluate's reliability diagram (written by the stage)."""
     return [p for p in [art.path / "reliability.png"] if p.exists()]
 
@@ -146,19 +146,19 @@ def table_title(stage: str) -> str:
     return spec.table_title if spec is not None else "Per-language statistics"
 
 
-def plots(stage: str, art: Artifact, dest) -> list:
+def plots(stage: str, art: StageArtifact, dest) -> list:
     """Figure files to log with a stage's run (``StageSpec.plots``; new ones are drawn under ``dest``)."""
     fn = _declared(stage, "plots")
     return fn(art, dest) if fn else []
 
 
-def table_rows(stage: str, art: Artifact) -> list[dict]:
+def table_rows(stage: str, art: StageArtifact) -> list[dict]:
     """The stage's statistics table (``StageSpec.table``), as rows."""
     fn = _declared(stage, "table")
     return fn(art) if fn else []
 
 
-def stat_tables(stage: str, art: Artifact) -> dict:
+def stat_tables(stage: str, art: StageArtifact) -> dict:
     rows = table_rows(stage, art)
     if not rows:
         return {}
@@ -166,7 +166,7 @@ def stat_tables(stage: str, art: Artifact) -> dict:
     return {"stats.json": pd.DataFrame(rows)}
 
 
-def run_tags(stage: str, art: Artifact) -> dict[str, str]:
+def run_tags(stage: str, art: StageArtifact) -> dict[str, str]:
     """Stage-specific MLflow tags read from the manifest: pretrain's plateau detector (``plateau=true`` with the
     step and languages; ``mlm_core.train.plateau``)."""
     if stage == "pretrain":
@@ -201,7 +201,7 @@ def manifest_metrics(manifest: dict) -> dict[str, float]:
     return out
 
 
-def lineage(stage: str, art: Artifact, lc) -> list[dict]:
+def lineage(stage: str, art: StageArtifact, lc) -> list[dict]:
     """The stage's inputs by fingerprint and source (upstream outputs, or raw sources for normalize)."""
     out = []
     for up, fp in art.manifest.get("upstream", {}).items():
@@ -224,7 +224,7 @@ def _table_md(rows: list[dict]) -> str:
     return head + "".join("| " + " | ".join(str(r[c]) for c in cols) + " |\n" for r in rows)
 
 
-def stage_markdown(stage: str, art: Artifact, hit: bool, seconds: float, report, url: str | None) -> str:
+def stage_markdown(stage: str, art: StageArtifact, hit: bool, seconds: float, report, url: str | None) -> str:
     lines = [f"# {stage}: {'cache hit' if hit else 'ran'}",
              f"- fingerprint: `{art.fingerprint}`",
              f"- output: `{art.path}` ({art.size_bytes() / 1e6:.2f} MB)",

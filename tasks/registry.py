@@ -26,7 +26,7 @@ from typing import Iterator
 
 from mlm_core.errors import MlmError
 from mlm_core.redact import redact
-from mlm_core.store import Artifact
+from mlm_core.artifacts import StageArtifact
 from tasks import tracking
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class RegistryError(MlmError):
     pass
 
 
-def model_files(art: Artifact) -> tuple[list[Path], str, str]:
+def model_files(art: StageArtifact) -> tuple[list[Path], str, str]:
     """(paths to log, artifact_dir, artifact path to register) for a pretrain output, as plain files: the
     layout of versions registered before the pyfunc model (``resolve_model`` still reads them)."""
     if (art.path / "hf").is_dir():
@@ -75,7 +75,7 @@ def _store_uri(lc) -> str | None:
         return None
 
 
-def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) -> int | None:
+def register_pretrained(art: StageArtifact, tracker: tracking.Tracker, run_id: str | None, lc) -> int | None:
     """Log the model to ``run_id`` as an MLflow model and register it; returns the new version (None if tracking
     is off). Idempotent per pretrain fingerprint, under ``registry_lock``: a model already registered for this
     fingerprint (a cached rerun, or a concurrent run that got there first) is reused, never registered twice.
@@ -86,7 +86,7 @@ def register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str | 
         return _register_pretrained(art, tracker, run_id, lc)
 
 
-def _register_pretrained(art: Artifact, tracker: tracking.Tracker, run_id: str, lc) -> int | None:
+def _register_pretrained(art: StageArtifact, tracker: tracking.Tracker, run_id: str, lc) -> int | None:
     history = art.path / "metrics.jsonl"
     from tasks.metric_names import mlflow_name
     streamed = tracker.client.get_metric_history(run_id, mlflow_name("pretrain", "loss", "train"))
@@ -126,7 +126,7 @@ def evaluation_verdict(evaluation: dict) -> list[str]:
                     and v["top1"] > v["baseline_top1"])]
 
 
-def after_evaluate(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) -> int | None:
+def after_evaluate(art: StageArtifact, tracker: tracking.Tracker, run_id: str | None, lc) -> int | None:
     """Tag the evaluated version ``evaluation=passed`` and move ``candidate`` to it (unless a newer version
     holds it), or ``evaluation=failed`` with the reasons and no alias."""
     import json
@@ -251,7 +251,7 @@ def resolve_model(ref: str, tracking_uri: str | None) -> Iterator[Path]:
         yield model_dir_in(Path(got))     # an MLflow model: its hf/ (or weights/) artifact; old versions: as is
 
 
-def promote(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) -> int | None:
+def promote(art: StageArtifact, tracker: tracking.Tracker, run_id: str | None, lc) -> int | None:
     """After the register stage: tag the model version with its gate results, move alias ``champion`` to it
     only when every declared gate passed, log its model card (on the register run and the version's run) and
     make the card's summary the version's description."""
@@ -261,12 +261,12 @@ def promote(art: Artifact, tracker: tracking.Tracker, run_id: str | None, lc) ->
         return _promote(art, tracker, run_id, lc)
 
 
-def _promote(art: Artifact, tracker: tracking.Tracker, run_id: str, lc) -> int | None:
+def _promote(art: StageArtifact, tracker: tracking.Tracker, run_id: str, lc) -> int | None:
     from mlm_core.register.gates import GateResult
     from mlm_core.register.stage import card
     from mlm_core.store import StageStore
     name = lc.config.registry.model_name
-    reg = art.typed()                       # mlm_core.artifacts.Registration
+    reg = art                               # mlm_core.artifacts.Registration
     version = _version_for(tracker, name, reg.pretrain_fingerprint)
     if version is None:
         raise RegistryError(f"no version of {name!r} is registered for pretrain output "
@@ -282,6 +282,7 @@ def _promote(art: Artifact, tracker: tracking.Tracker, run_id: str, lc) -> int |
         aliases.move(tracker.client, name, "champion", version, "pipeline", "passed every promotion gate")
     store = StageStore(lc.workdir)
     upstream = {s: store.load(s, fp) for s, fp in reg.upstream.items()}
+    upstream |= _card_context(store, upstream["pretrain"])
     gates = [GateResult(**g) for g in reg.gates]
     text = card(lc, upstream, gates, version, passed)
     tracker.log_text(run_id, text, "model_card.md")
@@ -296,10 +297,24 @@ def _promote(art: Artifact, tracker: tracking.Tracker, run_id: str, lc) -> int |
     return version
 
 
+def _card_context(store, pre) -> dict:
+    """The data-stage outputs behind a pretrain output, for the model card ({stage: typed output or None}): a
+    missing or unreadable one leaves its card section empty rather than failing the promotion."""
+    out = {}
+    for stage, fp in sorted((pre.upstream or {}).items()):
+        try:
+            out[stage] = store.load(stage, fp)
+        except (OSError, ValueError) as exc:     # ManifestError is a ValueError
+            log.warning("model card: the %s output %s is unreadable (%s); its card section stays empty", stage, fp,
+                        exc)
+            out[stage] = None
+    return out
+
+
 GATE_TABLE = "gates/v{version}.json"
 
 
-def gate_table(tracker: tracking.Tracker, art: Artifact, version: int, run_ids: list[str | None]) -> str:
+def gate_table(tracker: tracking.Tracker, art: StageArtifact, version: int, run_ids: list[str | None]) -> str:
     """Log the register output's gates (gate, threshold, value, pass, detail: one row per declared gate) as
     one MLflow table, ``gates/v<version>.json``, on each of ``run_ids`` (the version's own run, which its page
     links to, and the register run); returns the artifact file name. The version keeps only ``gates`` and

@@ -20,6 +20,10 @@ os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+# a test that records to Prefect outside the session harness starts Prefect's ephemeral server, 20 s to come up by
+# default: on a loaded 2-core machine it took longer and the test failed with "Timed out while attempting to
+# connect to ephemeral Prefect API server" (the session harness already waits 120 s)
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"

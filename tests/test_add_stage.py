@@ -37,7 +37,7 @@ SUITE = {"name": "stats", "expectations": [
 # ------------------------------------------------------------------ what mlm_core/stats.py would hold
 def run_stats(lc, upstream, out_dir):
     """Sequences per language (train + validation) of the shards output, as one JSON file."""
-    langs = upstream["shards"].manifest["languages"]
+    langs = upstream["shards"].languages           # a ShardSet: execute hands in typed outputs
     per = {lang: {"sequences": s["rows_train"] + s["rows_validation"]} for lang, s in sorted(langs.items())}
     (out_dir / "stats.json").write_text(json.dumps(per, sort_keys=True), encoding="utf-8")
     return {"languages": per, "counts": {"sequences": sum(s["sequences"] for s in per.values())}}

@@ -1,6 +1,6 @@
 """Typed stage outputs (mlm_core.artifacts, issue 22 item 1): each type parses a real stored output of every stage,
-a renamed key in a copied manifest fails naming the file and the key, and the sweep report and the model card read
-the types. The pipeline (normalize ... register on ~120 real lines per language) is test_register's module fixture."""
+a renamed key in a copied manifest fails naming the file and the key, the sweep report and the model card read
+the types, every stage is handed its upstream and declared context outputs as types and no stage opens the store. The pipeline (normalize ... register on ~120 real lines per language) is test_register's module fixture."""
 from __future__ import annotations
 
 import json
@@ -23,7 +23,7 @@ def test_each_type_parses_a_real_stored_output(pipeline_out):  # noqa: F811
     lc, arts = pipeline_out
     store = StageStore(lc.workdir)
     assert set(artifacts.ARTIFACT_TYPES) == set(stages.STAGES)
-    typed = {s: store.load_typed(s, a.fingerprint) for s, a in arts.items()}
+    typed = {s: store.load(s, a.fingerprint) for s, a in arts.items()}
     for s, t in typed.items():
         assert type(t) is artifacts.ARTIFACT_TYPES[s] and t.fingerprint == arts[s].fingerprint and t.path == arts[s].path
     norm, tok, shards = typed["normalize"], typed["tokenizer"], typed["shards"]
@@ -62,7 +62,7 @@ def test_a_renamed_key_names_the_file_and_the_key(pipeline_out, tmp_path, stage)
         bad = {(k + "_renamed" if k == key else k): v for k, v in manifest.items()}
         (d / "manifest.json").write_text(json.dumps(bad), encoding="utf-8")
         with pytest.raises(ManifestError) as e:
-            StageStore(tmp_path / key).load_typed(stage, arts[stage].fingerprint)
+            StageStore(tmp_path / key).load(stage, arts[stage].fingerprint)
         msg = str(e.value)
         assert str(d / "manifest.json") in msg and repr(key) in msg and "\n" not in msg
 
@@ -100,11 +100,83 @@ def test_the_model_card_reads_the_types(pipeline_out):  # noqa: F811
     lc, arts = pipeline_out
     reg = arts["register"]
     gates = [GateResult(**g) for g in reg.manifest["gates"]]
-    again = card(lc, {s: arts[s] for s in ("pretrain", "evaluate", "audit")}, gates, "pending", reg.manifest["passed"])
+    upstream = {s: arts[s] for s in ("normalize", "tokenizer", "shards", "pretrain", "evaluate", "audit")}
+    again = card(lc, upstream, gates, "pending", reg.manifest["passed"])
     assert again == (reg.path / "model_card.md").read_text(encoding="utf-8")
+    # the data and tokenizer sections come from the register stage's declared context outputs, handed in
+    bare = card(lc, {s: arts[s] for s in ("pretrain", "evaluate", "audit")}, gates, "pending", reg.manifest["passed"])
+    assert bare != again and f"vocabulary {arts['tokenizer'].manifest['vocab_size']:,}" not in bare
     # the typed artifacts and their raw manifests give the same card (the types' fields are the manifest keys)
     from mlm_core.register.modelcard import model_card
     kw = dict(name="m", version=1, fingerprints={}, data={}, evaluation={}, audit={}, gates=gates, promoted=False)
-    typed = model_card(tokenizer=arts["tokenizer"].typed(), training=arts["pretrain"].typed(), **kw)
+    typed = model_card(tokenizer=arts["tokenizer"], training=arts["pretrain"], **kw)
     raw = model_card(tokenizer=arts["tokenizer"].manifest, training=arts["pretrain"].manifest, **kw)
     assert typed == raw and f"vocabulary {arts['tokenizer'].manifest['vocab_size']:,}" in typed
+
+
+def test_every_stage_is_handed_typed_upstream_and_context_outputs(pipeline_out, tmp_path, monkeypatch):  # noqa: F811
+    """``stages.execute`` loads each upstream output (and each output the spec declares as ``context``) as its
+    type and hands it to the stage's ``run``: recorded here by wrapping every stage's run, on a copy of the store,
+    each stage forced. register's context is the data behind its model card; audit's the normalized corpus."""
+    import dataclasses
+
+    from mlm_core import artifacts, stages
+    lc, arts = pipeline_out
+    shutil.copytree(lc.workdir, tmp_path / "work")
+    lc2 = dataclasses.replace(lc, config=lc.config.model_copy(update={"workdir": str(tmp_path / "work")}))
+    seen = {}
+
+    def recording(spec):
+        def run(lc_, upstream, out_dir, **kw):
+            seen[spec.name] = {k: type(v) for k, v in upstream.items()}
+            return spec.run(lc_, upstream, out_dir, **kw)
+        return dataclasses.replace(spec, run=run)
+    for name in ("tokenizer", "pretrain", "evaluate", "audit", "register"):
+        monkeypatch.setitem(stages.STAGES, name, recording(stages.STAGES[name]))
+    plans = stages.plan(lc2)
+    for name in ("tokenizer", "pretrain", "evaluate", "audit", "register"):
+        stages.execute(lc2, name, plans, force=True)
+    T = artifacts.ARTIFACT_TYPES
+    assert seen["tokenizer"] == {"normalize": T["normalize"]}
+    assert seen["pretrain"] == {s: T[s] for s in ("normalize", "tokenizer", "shards")}
+    assert seen["evaluate"] == {s: T[s] for s in ("normalize", "shards", "pretrain")}
+    assert seen["audit"] == {"pretrain": T["pretrain"], "normalize": T["normalize"]}
+    assert seen["register"] == {s: T[s] for s in ("pretrain", "evaluate", "audit", "normalize", "tokenizer", "shards")}
+
+
+def test_a_manifest_missing_a_key_of_its_type_is_never_complete(tmp_path):
+    """The store parses what a stage returns before the output becomes complete: a missing required key fails
+    the write (kept under .failed-<fp> for inspection) instead of leaving an output no reader can parse."""
+    from mlm_core.artifacts import ManifestError
+    from mlm_core.store import StageStore
+    store = StageStore(tmp_path)
+    with pytest.raises(ManifestError, match="'counts'"):
+        store.write("normalize", "f" * 16, lambda out: {"languages": {}}, {"config": {}})
+    assert not store.is_complete("normalize", "f" * 16) and store.failed_dir("normalize", "f" * 16).is_dir()
+    ok = store.write("normalize", "e" * 16, lambda out: {"languages": {}, "counts": {}}, {"config": {}})
+    assert type(ok).__name__ == "NormalizedCorpus" and store.load("normalize", "e" * 16) == ok
+
+
+STAGE_PACKAGES = ("normalize", "tokenizer", "shards", "train", "evaluate", "audit", "register", "masking", "bias",
+                  "model")
+
+
+def test_no_stage_code_opens_the_store():
+    """Stages take typed inputs, never a store handle (issue 22 item 1): nothing under a stage package names
+    StageStore or walks from an output folder up to the store (``.parent.parent``). Fails on the code before this
+    change (audit's projection, the register stage's model card, PMI's tokenizer lookup)."""
+    import ast
+
+    from conftest import REPO
+    bad = []
+    for pkg in STAGE_PACKAGES:
+        for path in sorted((REPO / "mlm_core" / pkg).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Name) and node.id == "StageStore" or \
+                        isinstance(node, ast.alias) and node.name == "StageStore":
+                    bad.append(f"{path.relative_to(REPO)}: StageStore")
+                if isinstance(node, ast.Attribute) and node.attr == "parent" and \
+                        isinstance(node.value, ast.Attribute) and node.value.attr == "parent":
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    assert bad == []

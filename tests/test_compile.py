@@ -29,29 +29,32 @@ REL = 2e-4
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    """The tiny shard set one level down (<root>/w/shards), so that <root> is the store root in which
-    ``collocations_for`` looks for the tokenizer output that encoded it (``pmi_vocab``)."""
     return tiny_shards(tmp_path_factory.mktemp("tinyc") / "w")
 
 
 @pytest.fixture(scope="module")
-def pmi_vocab(shards):
-    """PMI-masking's n-gram vocabulary for the tiny shard set, built by the tokenizer stage's own code
-    (``build_vocabulary`` over the shards' normalized docs and tokenizer) where the pretrain loop finds it:
-    <store root>/tokenizer/<the shards' tokenizer_fingerprint>. Returns {units: hashes}."""
+def pmi_dir(shards, tmp_path_factory):
+    """A tokenizer output folder holding PMI-masking's n-gram vocabulary for the tiny shard set, built by the
+    tokenizer stage's own code (``build_vocabulary`` over the shards' normalized docs and tokenizer); training
+    reads it through ``ShardDataset(tokenizer_dir=...)``, as the pretrain stage hands in its upstream tokenizer."""
     from tokenizers import Tokenizer
 
     from mlm_core.config.data import TokenizerConfig
-    from mlm_core.masking.pmi import build_vocabulary, load_collocations
-    from mlm_core.store import StageStore
+    from mlm_core.masking.pmi import build_vocabulary
     shard_art, tok_art = shards
-    out = StageStore(shard_art.path.parent.parent).out_dir("tokenizer", shard_art.manifest["tokenizer_fingerprint"])
-    out.mkdir(parents=True)
+    out = tmp_path_factory.mktemp("pmi_tokenizer")
     stats = build_vocabulary(shard_art.path.parent / "norm", list(shard_art.manifest["languages"]),
                              Tokenizer.from_file(str(tok_art.path / "tokenizer.json")),
                              TokenizerConfig(pmi_vocab=40, pmi_min_count=3), out)
     assert all(v["kept"] > 0 for v in stats["languages"].values()), stats   # a table pmi can really mask from
-    return load_collocations(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pmi_vocab(pmi_dir):
+    """{units: hashes} of ``pmi_dir``'s vocabulary."""
+    from mlm_core.masking.pmi import load_collocations
+    return load_collocations(pmi_dir)
 
 
 def _entries(fn) -> int:
@@ -70,7 +73,7 @@ def _close(a, b, rel=REL):
     assert not bad, f"compiled vs eager differ beyond {rel}: {bad[:5]}"
 
 
-def test_mlm_one_graph_across_schedule_and_strategies_matches_eager(shards, pmi_vocab, tmp_path):
+def test_mlm_one_graph_across_schedule_and_strategies_matches_eager(shards, pmi_dir, tmp_path):
     from torch._dynamo.utils import counters
 
     from mlm_core.train import compiled
@@ -79,8 +82,9 @@ def test_mlm_one_graph_across_schedule_and_strategies_matches_eager(shards, pmi_
         before = _entries(compiled.mlm_loss)
         kw = dict(steps=20, masking={"strategy": strategy, "schedule": "cosine", "rate_max": 0.4},
                   model={"dropout": 0.1}, log_every=1)
-        r = run(tiny_cfg(compile="on", **kw), shards[0], tmp_path / f"c-{strategy}")
-        run(tiny_cfg(compile="off", **kw), shards[0], tmp_path / f"e-{strategy}")
+        tok = pmi_dir if strategy == "pmi" else None
+        r = run(tiny_cfg(compile="on", **kw), shards[0], tmp_path / f"c-{strategy}", tokenizer_dir=tok)
+        run(tiny_cfg(compile="off", **kw), shards[0], tmp_path / f"e-{strategy}", tokenizer_dir=tok)
         rates = [x["masking_rate"] for x in read_metrics(tmp_path / f"c-{strategy}")]
         assert max(rates) > 0.35 and min(rates) < 0.12       # the schedule really moved the rate
         _close(_losses(tmp_path / f"c-{strategy}"), _losses(tmp_path / f"e-{strategy}"))

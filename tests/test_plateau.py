@@ -225,7 +225,7 @@ def test_the_stage_task_tags_the_mlflow_run_and_stop_on_plateau_fails_it(tmp_pat
     from conftest import write_en_ru_config
     from mlm_core import stages
     from mlm_core.config.io import load_config
-    from mlm_core.store import Artifact
+    from mlm_core.artifacts import parse
     from mlm_core.train import plateau
     from tasks import publish
     from tasks.stage import run_stage
@@ -255,10 +255,10 @@ def test_the_stage_task_tags_the_mlflow_run_and_stop_on_plateau_fails_it(tmp_pat
     rec = plateau.check({"en": {"mask_acc": 0.1, "mask_baseline_acc": 0.1, "mask_n": 50, "distinct_predictions": 1,
                                 "mask_over_baseline_ci_low": 0.0, "mask_over_baseline_ci_high": 0.0}}, 8,
                         lc.config.pretrain)
-    art = Artifact("pretrain", "fp", tmp_path, {"plateau": rec})
+    art = parse("pretrain", tmp_path, {"plateau": rec}, "fp", strict=False)
     assert publish.run_tags("pretrain", art) == {"plateau": "true", "plateau.checked_step": "8", "plateau.step": "8",
                                                  "plateau.languages": "en"}
-    assert publish.run_tags("pretrain", Artifact("pretrain", "fp", tmp_path, {})) == {}
+    assert publish.run_tags("pretrain", parse("pretrain", tmp_path, {}, "fp", strict=False)) == {}
     assert "**PLATEAU**" in publish.stage_markdown("pretrain", art, False, 1.0, None, None)
 
 

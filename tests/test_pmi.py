@@ -14,20 +14,21 @@ import pyarrow.parquet as pq
 import pytest
 
 from mlm_core.config.io import load_config
-from mlm_core.store import Artifact
+from mlm_core.artifacts import StageArtifact, parse
 
 DOC_SCHEMA = pa.schema([("doc_id", pa.int64()), ("lang", pa.string()), ("text", pa.string()),
                         ("n_chars", pa.int32()), ("hash", pa.string())])
 
 
-def write_docs(root: Path, lang: str, texts: list[str]) -> Artifact:
+def write_docs(root: Path, lang: str, texts: list[str]) -> StageArtifact:
     (root / "docs").mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"doc_id": list(range(len(texts))), "lang": [lang] * len(texts), "text": texts,
                              "n_chars": [len(t) for t in texts],
                              "hash": [hashlib.md5(t.encode()).hexdigest() for t in texts]}, schema=DOC_SCHEMA),
                    root / "docs" / f"{lang}.parquet")
-    return Artifact("normalize", "f" * 16, root, {"languages": {lang: {
-        "docs": len(texts), "chars": sum(map(len, texts)), "bytes": sum(len(t.encode()) for t in texts)}}})
+    return parse("normalize", root, {"languages": {lang: {
+        "docs": len(texts), "chars": sum(map(len, texts)), "bytes": sum(len(t.encode()) for t in texts)}}},
+        "f" * 16, strict=False)
 
 
 # ---------------------------------------------------------------------------------------------- the measure

@@ -21,7 +21,8 @@ from mlm_core.errors import StageError
 from mlm_core.shards import ShardDataset, ShardIntegrityError, as_hf_dataset, run_shards
 from mlm_core.shards import reader as reader_mod
 from mlm_core.shards.reader import gather_rows
-from mlm_core.store import MANIFEST, Artifact, file_table, write_json_atomic
+from mlm_core.artifacts import StageArtifact, parse
+from mlm_core.store import MANIFEST, file_table, write_json_atomic
 
 SENTENCES = {
     "en": ["The quick brown fox jumps over the lazy dog.", "Unbelievably, the photographers disappeared yesterday.",
@@ -77,7 +78,7 @@ def train_tokenizer(kind: str) -> Tokenizer:
     return tok
 
 
-def tokenizer_artifact(root: Path, kind: str) -> Artifact:
+def tokenizer_artifact(root: Path, kind: str) -> StageArtifact:
     tok = train_tokenizer(kind)
     d = root / f"tok-{kind}"
     d.mkdir(parents=True)
@@ -86,10 +87,10 @@ def tokenizer_artifact(root: Path, kind: str) -> Artifact:
     roles = (["pad", "unk", "cls", "sep", "mask"] if kind == "wordpiece" else ["cls", "pad", "sep", "unk", "mask"])
     manifest = {"vocab_size": tok.get_vocab_size(with_added_tokens=True), "algorithm": kind,
                 "special_tokens": {r: {"token": t, "id": i} for i, (r, t) in enumerate(zip(roles, specials))}}
-    return Artifact("tokenizer", f"tok{kind}", d, manifest)
+    return parse("tokenizer", d, manifest, f"tok{kind}", strict=False)
 
 
-def normalize_artifact(root: Path, docs: dict[str, list[str]]) -> Artifact:
+def normalize_artifact(root: Path, docs: dict[str, list[str]]) -> StageArtifact:
     d = root / "normalize"
     (d / "docs").mkdir(parents=True)
     for lang, texts in docs.items():
@@ -97,7 +98,7 @@ def normalize_artifact(root: Path, docs: dict[str, list[str]]) -> Artifact:
                         "text": pa.array(texts, pa.string()), "n_chars": pa.array([len(t) for t in texts], pa.int32()),
                         "hash": pa.array([hashlib.md5(t.encode()).hexdigest() for t in texts], pa.string())})
         pq.write_table(tbl, d / "docs" / f"{lang}.parquet")
-    return Artifact("normalize", "normfp", d, {"languages": {k: {"docs": len(v)} for k, v in docs.items()}})
+    return parse("normalize", d, {"languages": {k: {"docs": len(v)} for k, v in docs.items()}}, "normfp", strict=False)
 
 
 def config(root: Path, langs, **shards):
@@ -108,7 +109,7 @@ def config(root: Path, langs, **shards):
                                        **shards}})
 
 
-def build(root: Path, kind: str = "wordpiece", docs=None, tok_art: Artifact | None = None,
+def build(root: Path, kind: str = "wordpiece", docs=None, tok_art: StageArtifact | None = None,
           **shards) -> tuple[Path, dict, Artifact]:
     docs = docs if docs is not None else all_docs()
     root.mkdir(parents=True, exist_ok=True)
@@ -428,7 +429,8 @@ def test_compact_layouts_read_back_the_same_rows(built, tmp_path, vocab_size, st
     position are 2, 2 + 1/8 (seq_len 32 -> 4 bytes of flags per row) or 4."""
     ref_out, _, tok_art = built["bpe"]
     if vocab_size:     # the manifest's vocab_size picks the layout (the tokenizer itself stays small)
-        tok_art = Artifact("tokenizer", tok_art.fingerprint, tok_art.path, {**tok_art.manifest, "vocab_size": vocab_size})
+        tok_art = parse("tokenizer", tok_art.path, {**tok_art.manifest, "vocab_size": vocab_size}, tok_art.fingerprint,
+                        strict=False)
     out, m, _ = build(tmp_path, "bpe", tok_art=tok_art)
     assert m["format_version"] == 3 and m["dtype"] == stored["tokens"]
     raw = read_rows(out, m["shards"][0]["file"])
@@ -500,7 +502,7 @@ def test_a_special_id_inside_a_document_is_refused(tmp_path):
     sep = next(i for i, t in enumerate(BERT) if t == "[SEP]")
     some = Tokenizer.from_file(str(tok_art.path / "tokenizer.json")).token_to_id("the")
     sp = {**tok_art.manifest["special_tokens"], "sep": {"token": "the", "id": some}}   # "the" declared as [SEP]
-    bad = Artifact("tokenizer", "bad", tok_art.path, {**tok_art.manifest, "special_tokens": sp})
+    bad = parse("tokenizer", tok_art.path, {**tok_art.manifest, "special_tokens": sp}, "bad", strict=False)
     assert sep != some
     with pytest.raises(StageError, match=r"\[SEP\] or \[PAD\] id"):
         build(tmp_path / "b", "wordpiece", tok_art=bad)

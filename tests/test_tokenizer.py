@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from mlm_core.config.io import load_config
-from mlm_core.store import Artifact, StageStore
+from mlm_core.artifacts import StageArtifact, parse
+from mlm_core.store import StageStore
 from mlm_core.tokenizer import (
     TokenizerError, TokenizerMismatch, load_tokenizer, run_tokenizer, special_ids, train_sample,
 )
@@ -61,7 +62,7 @@ def make_docs(sentences: list[str], n: int, k: int = 3) -> list[str]:
     return docs[:n]
 
 
-def write_normalize(root: Path, docs: dict[str, list[str]]) -> Artifact:
+def write_normalize(root: Path, docs: dict[str, list[str]]) -> StageArtifact:
     """A normalize output folder as the stage writes it, and its Artifact."""
     (root / "docs").mkdir(parents=True)
     langs = {}
@@ -71,7 +72,7 @@ def write_normalize(root: Path, docs: dict[str, list[str]]) -> Artifact:
                                  "hash": [hashlib.md5(t.encode()).hexdigest() for t in texts]}, schema=DOC_SCHEMA),
                        root / "docs" / f"{lang}.parquet")
         langs[lang] = {"docs": len(texts), "chars": sum(map(len, texts)), "bytes": sum(len(t.encode()) for t in texts)}
-    return Artifact("normalize", "f" * 16, root, {"languages": langs})
+    return parse("normalize", root, {"languages": langs}, "f" * 16, strict=False)
 
 
 def config(langs, **tok):
@@ -81,7 +82,7 @@ def config(langs, **tok):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Artifact:
+def corpus(tmp_path_factory) -> StageArtifact:
     sizes = {"en": 300, "fr": 120, "ru": 120, "hi": 100, "ar": 100, "zh": 60}
     return write_normalize(tmp_path_factory.mktemp("normalize"),
                            {lang: make_docs(SENTENCES[lang], n) for lang, n in sizes.items()})

@@ -29,7 +29,8 @@ def tiny_shards(root: Path, n_docs: int = 120, vocab: int = 400, seq_len: int = 
 
     from mlm_core.config.io import load_config
     from mlm_core.shards import run_shards
-    from mlm_core.store import MANIFEST, Artifact, write_json_atomic
+    from mlm_core.artifacts import parse
+    from mlm_core.store import MANIFEST, write_json_atomic
 
     root.mkdir(parents=True, exist_ok=True)
     corpus = corpus or REPO / "configs/demo/corpus"
@@ -41,16 +42,17 @@ def tiny_shards(root: Path, n_docs: int = 120, vocab: int = 400, seq_len: int = 
         vocab_size=vocab, min_frequency=2, special_tokens=BERT, continuing_subword_prefix="##", show_progress=False))
     (root / "tok").mkdir()
     tok.save(str(root / "tok" / "tokenizer.json"))
-    tart = Artifact("tokenizer", "toktiny", root / "tok", {
+    tart = parse("tokenizer", root / "tok", {
         "vocab_size": tok.get_vocab_size(True),
-        "special_tokens": {r: {"token": t, "id": i} for i, (r, t) in enumerate(zip(ROLES, BERT))}})
+        "special_tokens": {r: {"token": t, "id": i} for i, (r, t) in enumerate(zip(ROLES, BERT))}},
+        "toktiny", strict=False)
     (root / "norm" / "docs").mkdir(parents=True)
     for lg, texts in docs.items():
         pq.write_table(pa.table({
             "doc_id": pa.array(range(len(texts)), pa.int64()), "lang": [lg] * len(texts), "text": texts,
             "n_chars": pa.array([len(t) for t in texts], pa.int32()),
             "hash": [hashlib.md5(t.encode()).hexdigest() for t in texts]}), root / "norm" / "docs" / f"{lg}.parquet")
-    nart = Artifact("normalize", "normtiny", root / "norm", {})
+    nart = parse("normalize", root / "norm", {}, "normtiny", strict=False)
     (root / "unused.txt").write_text("x\n")
     lc = load_config(raw={"sources": {lg: {"paths": [str(root / "unused.txt")]} for lg in LANGS},
                           "shards": {"seq_len": seq_len, "workers": 1, "validation_fraction": 0.1}})
@@ -59,7 +61,7 @@ def tiny_shards(root: Path, n_docs: int = 120, vocab: int = 400, seq_len: int = 
     manifest = {**run_shards(lc, {"normalize": nart, "tokenizer": tart}, root / "shards"), "fingerprint": "shardtiny"}
     manifest["files"] = file_table(root / "shards")          # as the store records it on commit
     write_json_atomic(root / "shards" / MANIFEST, manifest)
-    return Artifact("shards", "shardtiny", root / "shards", manifest), tart
+    return parse("shards", root / "shards", manifest, "shardtiny", strict=False), tart
 
 
 def tiny_cfg(**over):
@@ -82,12 +84,12 @@ def shards(tmp_path_factory):
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def run(cfg, shard_art, out: Path, seed: int = 0, **kw) -> dict:
+def run(cfg, shard_art, out: Path, seed: int = 0, tokenizer_dir: Path | None = None, **kw) -> dict:
     import torch
 
     from mlm_core.shards import ShardDataset
     from mlm_core.train.loop import build_model, train
-    ds = ShardDataset(shard_art)
+    ds = ShardDataset(shard_art, tokenizer_dir=tokenizer_dir)
     torch.manual_seed(seed)
     model, _ = build_model(cfg, int(ds.manifest["vocab_size"]), 0)
     return train(cfg, ds, model, out, seed=seed, **kw)

@@ -16,7 +16,7 @@ def run_audit_stage(lc, upstream: dict, out_dir: Path) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
     out_dir = Path(out_dir)
-    hook, debias = _projection(lc, upstream["pretrain"], out_dir)
+    hook, debias = _projection(lc, upstream["pretrain"], upstream.get("normalize"), out_dir)
     result = run_audit(upstream["pretrain"].path, lc.config.audit, lc.base_dir, model_hook=hook)
     if debias is not None:      # the scores below are of the projected representations
         result["debias"] = {"projection": debias}
@@ -42,19 +42,16 @@ def run_audit_stage(lc, upstream: dict, out_dir: Path) -> dict:
                 {"debias": result["debias"]} if "debias" in result else {})   # unset: the manifest as before
 
 
-def _projection(lc, pre, out_dir: Path):
+def _projection(lc, pre, norm, out_dir: Path):
     """(hook, record) of debias.projection ((None, None) when unset). The subspace is estimated from the normalized
-    corpus the model was trained on, found through the fingerprints the pretrain manifest recorded (as the
-    register stage's model card does): the audit fingerprint already covers it through pretrain's, and adding
-    normalize to the audit's upstream would change every stored audit's fingerprint, projection or not."""
+    corpus the model was trained on: ``norm``, the audit's context output (``stages.STAGES``), which the audit
+    fingerprint already covers through pretrain's (adding normalize to the audit's upstream would change every
+    stored audit's fingerprint, projection or not); None: not in the store."""
     if getattr(getattr(lc.config, "debias", None), "projection", None) is None:
         return None, None
     from mlm_core.bias.projection import ProjectionError, prepare
-    from mlm_core.store import StageStore
-    fp = pre.typed().upstream.get("normalize")
-    store = StageStore(lc.workdir)
-    if fp is None or not store.is_complete("normalize", fp):
-        raise ProjectionError(f"debias.projection: the normalize output {fp} behind the pretrain output "
-                              f"{pre.fingerprint} is not in the store {store.root}: run `mlm run CONFIG --only "
-                              "normalize` first")
-    return prepare(lc, pre.path, store.out_dir("normalize", fp), out_dir)
+    if norm is None or norm.fingerprint != pre.upstream.get("normalize"):
+        raise ProjectionError(f"debias.projection: the normalize output {pre.upstream.get('normalize')} behind the "
+                              f"pretrain output {pre.fingerprint} is not in the store {lc.workdir}: run "
+                              "`mlm run CONFIG --only normalize` first")
+    return prepare(lc, pre.path, norm.path, out_dir)

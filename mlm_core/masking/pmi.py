@@ -227,16 +227,16 @@ def load_collocations(folder: Path) -> dict[int, "torch.Tensor"]:  # noqa: F821
 
 def collocations_for(mcfg, data) -> dict | None:
     """The collocation table for ``pretrain.masking`` (None unless strategy 'pmi'): from the tokenizer output
-    that encoded the shard set ``data`` (a ShardDataset: <workdir>/shards/<fp> -> <workdir>/tokenizer/<fp>)."""
+    that encoded the shard set ``data`` (a ShardDataset opened with ``tokenizer_dir``, the pretrain stage's
+    upstream tokenizer)."""
     from mlm_core.masking.strategies import strategy_class
     if not strategy_class(mcfg.strategy).needs_collocations:
         return None
-    from mlm_core.store import StageStore
-    fp = data.manifest.get("tokenizer_fingerprint")
-    if not fp:
-        raise ValueError(f"{data.path}: the shard manifest names no tokenizer_fingerprint, so the PMI vocabulary "
-                         f"(pretrain.masking.strategy 'pmi') cannot be found")
-    return load_collocations(StageStore(Path(data.path).parent.parent).out_dir("tokenizer", fp))
+    if getattr(data, "tokenizer_dir", None) is None:
+        raise ValueError(f"{data.path}: pretrain.masking.strategy 'pmi' reads the PMI n-gram vocabulary of the "
+                         f"tokenizer output these shards were encoded with, and none was given (open the "
+                         f"ShardDataset with tokenizer_dir=<the tokenizer output's folder>)")
+    return load_collocations(data.tokenizer_dir)
 
 
 __all__ = ["MAX_N", "NGRAMS_FILE", "STATS_FILE", "build_vocabulary", "collocations_for", "count_ngrams",

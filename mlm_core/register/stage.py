@@ -1,7 +1,8 @@
 """The register stage (framework-free half): promotion gates and the model card.
 
-In: the evaluate and audit outputs and the pretrain output (and, for the card's data and tokenizer
-sections, the manifests of the normalize, tokenizer and shards outputs it was trained on). Out:
+In: the evaluate and audit outputs and the pretrain output, and, for the card's data and tokenizer sections, the
+normalize, tokenizer and shards outputs the model was trained on (the spec's ``context``: handed in, None when
+not in the store, and the card then says so). Out:
 ``gates.json`` (each declared gate: value, threshold, pass/fail), ``model_card.md``. The registry side (moving alias ``champion`` only when
 every gate passes, tagging the version with its gate results) is done by the task layer with MLflow.
 """
@@ -11,10 +12,9 @@ import json
 import logging
 from pathlib import Path
 
-from mlm_core.artifacts import NormalizedCorpus, PretrainedModel, ShardSet, StageArtifact
+from mlm_core.artifacts import NormalizedCorpus, ShardSet
 from mlm_core.register.gates import all_passed, evaluate_gates
 from mlm_core.register.modelcard import bias_mitigations, model_card
-from mlm_core.store import StageStore
 
 log = logging.getLogger(__name__)
 
@@ -22,21 +22,6 @@ log = logging.getLogger(__name__)
 def _read(art, name: str) -> dict:
     p = Path(art.path) / name
     return json.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
-
-
-def data_artifacts(lc, pre: PretrainedModel) -> dict[str, StageArtifact | None]:
-    """The typed data-stage outputs behind a pretrain output ({stage: artifact}, normalize / tokenizer / shards),
-    read from the store by the fingerprints the pretrain manifest recorded. A missing or unreadable one is None
-    (the card then says so) rather than an error: the card must still be written."""
-    store = StageStore(lc.workdir)
-    out: dict[str, StageArtifact | None] = {}
-    for stage, fp in sorted((pre.upstream or {}).items()):
-        try:
-            out[stage] = store.load_typed(stage, fp)
-        except (OSError, ValueError) as exc:     # ManifestError is a ValueError
-            log.warning("model card: the %s output %s is unreadable (%s); its card section stays empty", stage, fp, exc)
-            out[stage] = None
-    return out
 
 
 def card_data(norm: NormalizedCorpus | None, shards: ShardSet | None) -> dict:
@@ -54,9 +39,11 @@ def card_data(norm: NormalizedCorpus | None, shards: ShardSet | None) -> dict:
 
 
 def card(lc, upstream: dict, gates: list, version: str | int, promoted: bool) -> str:
-    pre, ev, au = upstream["pretrain"].typed(), upstream["evaluate"], upstream["audit"]
-    arts = data_artifacts(lc, pre)
-    data = card_data(arts.get("normalize"), arts.get("shards"))
+    """The model card from the typed outputs in ``upstream``: pretrain, evaluate and audit, and (optional: None or
+    absent leaves their sections empty) the normalize, tokenizer and shards outputs behind the pretrain output."""
+    pre, ev, au = upstream["pretrain"], upstream["evaluate"], upstream["audit"]
+    arts = {s: upstream.get(s) for s in ("normalize", "tokenizer", "shards")}
+    data = card_data(arts["normalize"], arts["shards"])
     audit = _read(au, "audit.json")
     if data["sampling_alpha"] is None:
         data["sampling_alpha"] = lc.config.shards.sampling_alpha

@@ -333,7 +333,7 @@ def collect(sweep_dir: Path, plan: dict | None = None) -> tuple[dict, list[Run]]
         for stage in RUN_STAGES:
             fp = fps.get(stage)
             if fp and store.is_complete(stage, fp):
-                arts[stage] = store.load_typed(stage, fp)
+                arts[stage] = store.load(stage, fp)
             elif stage in REQUIRED or fp:
                 run.missing_stages.append(stage)
         if "pretrain" in arts:
@@ -352,7 +352,7 @@ def collect(sweep_dir: Path, plan: dict | None = None) -> tuple[dict, list[Run]]
         if "audit" in arts:
             run.metrics |= dict(arts["audit"].metrics or {})
         if fps.get("shards") and store.is_complete("shards", fps["shards"]):
-            shards: ShardSet = store.load_typed("shards", fps["shards"])
+            shards: ShardSet = store.load("shards", fps["shards"])
             langs = shards.languages or {}
             run.languages = {lg: int(v.get("tokens_train", 0)) for lg, v in langs.items()}
             run.metrics |= _groups(run.metrics, run.languages)

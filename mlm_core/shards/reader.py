@@ -260,10 +260,15 @@ def gather_rows(cols: Sequence[Columns], li: np.ndarray, rows: np.ndarray, ids_d
 
 
 class ShardDataset:
-    """A verified, memory-mapped shard set. ``ds.input_ids("train", "fr")`` -> Column of shape (N, seq_len)."""
+    """A verified, memory-mapped shard set. ``ds.input_ids("train", "fr")`` -> Column of shape (N, seq_len).
 
-    def __init__(self, source, verify: Verify = "once", expect_tokenizer_fingerprint: str | None = None):
+    ``tokenizer_dir``: the tokenizer output the shards were encoded with, for what training reads from it (PMI
+    masking's n-gram vocabulary); the pretrain stage passes its upstream tokenizer's folder."""
+
+    def __init__(self, source, verify: Verify = "once", expect_tokenizer_fingerprint: str | None = None,
+                 tokenizer_dir: str | Path | None = None):
         self.path, self.manifest = check_shard_set(source, verify, expect_tokenizer_fingerprint)
+        self.tokenizer_dir = None if tokenizer_dir is None else Path(tokenizer_dir)
         self.layout = Layout.from_manifest(self.manifest, str(self.path))
         self.seq_len = int(self.manifest["seq_len"])
         self._maps: list = []

@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from mlm_core.artifacts import tokenizer_manifest
-from mlm_core.store import Artifact
+from mlm_core.artifacts import StageArtifact
 from mlm_core.tokenizer.build import TOKENIZER_FILE
 from mlm_core.tokenizer.sample import corpus_counts, train_sample
 from mlm_core.tokenizer.stats import fertility, fertility_table, heldout_stats, vocab_scripts, write_tables
@@ -37,7 +37,7 @@ def _limits(cfg, langs: list[str]) -> dict[str, float]:
     return {lang: float(cfg.max_fertility_per_lang.get(lang, cfg.max_fertility)) for lang in langs}
 
 
-def run_from(lc, norm: Artifact, out_dir: Path) -> dict:
+def run_from(lc, norm: StageArtifact, out_dir: Path) -> dict:
     from mlm_core.external import TOKENIZER_FILES, cache_dir, content_hash, resolve_ref
     from mlm_core.tokenizer.existing import load_existing
     from mlm_core.tokenizer.extend import EXTENSION_FILE, check_room, extend_tokenizer, extension_table

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mlm_core.sampling import language_weights
-from mlm_core.store import Artifact
+from mlm_core.artifacts import StageArtifact
 from mlm_core.tokenizer.build import TokenizerError
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ def train_sample(normalize_dir: Path, counts: dict[str, int], alpha: float, samp
     return sample
 
 
-def corpus_counts(norm: Artifact, langs: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+def corpus_counts(norm: StageArtifact, langs: list[str]) -> tuple[dict[str, int], dict[str, int]]:
     per_lang = norm.manifest.get("languages", {})
     missing = [lang for lang in langs if lang not in per_lang]
     if missing:

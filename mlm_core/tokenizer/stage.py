@@ -22,7 +22,8 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from mlm_core.artifacts import tokenizer_manifest
-from mlm_core.store import MANIFEST, Artifact, sha256_file
+from mlm_core.artifacts import NormalizedCorpus, StageArtifact
+from mlm_core.store import MANIFEST, sha256_file
 from mlm_core.tokenizer.build import SPECIALS, TOKENIZER_FILE, TokenizerError, TokenizerMismatch, special_ids, train
 from mlm_core.tokenizer.sample import corpus_counts, train_sample
 from mlm_core.tokenizer.stats import heldout_stats, vocab_scripts, write_tables
@@ -34,7 +35,7 @@ def run_tokenizer(lc, upstream: dict, out_dir: Path) -> dict:
     """Train the tokenizer into ``out_dir`` (or take an existing one: ``tokenizer.from`` / ``pretrain.init_from``);
     returns the manifest fields (the store adds files and checksums)."""
     cfg, pcfg = lc.config.tokenizer, lc.config
-    norm: Artifact = upstream["normalize"]
+    norm: NormalizedCorpus = upstream["normalize"]
     if pcfg.tokenizer_from is not None:
         from mlm_core.tokenizer.from_stage import run_from
         return run_from(lc, norm, Path(out_dir))
@@ -71,13 +72,13 @@ def run_tokenizer(lc, upstream: dict, out_dir: Path) -> dict:
                               languages=langs, scripts=scripts, train_seconds=train_seconds)
 
 
-def load_tokenizer(artifact_or_dir: Artifact | Path | str) -> Tokenizer:
+def load_tokenizer(artifact_or_dir: StageArtifact | Path | str) -> Tokenizer:
     """Load ``tokenizer.json`` from a tokenizer artifact or folder (or the file itself).
 
     When a manifest exists (the artifact's, or ``manifest.json`` next to the file), the file's sha256 must
     match its entry in the manifest's files table; otherwise ``TokenizerMismatch`` names the file.
     """
-    if isinstance(artifact_or_dir, Artifact):
+    if isinstance(artifact_or_dir, StageArtifact):
         folder, manifest = Path(artifact_or_dir.path), artifact_or_dir.manifest
         path = folder / TOKENIZER_FILE
     else:

@@ -1,7 +1,7 @@
 """The pretrain stage: shard set + tokenizer -> a trained masked language model.
 
-In: ``upstream["shards"]`` (a shards Artifact) and ``upstream["tokenizer"]`` (its tokenizer.json and special
-tokens), ``lc.config.pretrain`` and ``lc.config.train_seed`` (pretrain.seed, else the global seed).
+In: ``upstream["shards"]`` (a ShardSet) and ``upstream["tokenizer"]`` (a TokenizerArtifact: its tokenizer.json and
+special tokens), ``lc.config.pretrain`` and ``lc.config.train_seed`` (pretrain.seed, else the global seed).
 Out (in ``out_dir``):
 
   model.safetensors   the masked language model (for ELECTRA: the generator, the model that fills masks;
@@ -158,7 +158,8 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
 
     world = cfg.distributed.nproc_per_node * cfg.distributed.nnodes
     if world == 1:
-        ds = ShardDataset(shards, verify=verify, expect_tokenizer_fingerprint=tok.fingerprint)
+        ds = ShardDataset(shards, verify=verify, expect_tokenizer_fingerprint=tok.fingerprint,
+                          tokenizer_dir=tok.path)
         from mlm_core.train.loop import resolve_device
         if resolve_device(cfg).type == "cpu":
             from mlm_core.train import threads
@@ -171,7 +172,8 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
         model = model.cpu()
     else:
         args = {"config": cfg.model_dump(mode="json"), "seed": seed, "shards": str(shards.path),
-                "tokenizer_fingerprint": tok.fingerprint, "verify": verify, "out_dir": str(work),
+                "tokenizer_fingerprint": tok.fingerprint, "tokenizer_dir": str(tok.path), "verify": verify,
+                "out_dir": str(work),
                 "resume": True, "print_metrics": True, "init": init.to_json() if init else None,
                 "bias": bias.to_json() if bias else None}
         result = launch(args, cfg.distributed, work / "launch", metrics_cb=metrics_cb)

@@ -33,7 +33,8 @@ def run(args: dict) -> dict:
     device = resolve_device(cfg, env_ranks()[2])
     rank, world, local = setup(cfg.distributed.backend, device, cfg.distributed.timeout_s)
     ds = ShardDataset(args["shards"], verify=args.get("verify", "once"),
-                      expect_tokenizer_fingerprint=args.get("tokenizer_fingerprint"))
+                      expect_tokenizer_fingerprint=args.get("tokenizer_fingerprint"),
+                      tokenizer_dir=args.get("tokenizer_dir"))
     specials = {r: int(e["id"]) for r, e in ds.manifest["special_tokens"].items()}
     seed = int(args.get("seed", 0))
     torch.manual_seed(seed)                             # identical initial weights on every rank
