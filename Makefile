@@ -38,13 +38,17 @@ adapt: setup
 	$(BIN)/mlm compare models:/mlm-demo@champion models:/mlm-adapt/latest --config configs/adapt.yaml
 	$(BIN)/mlm compare models:/mlm-demo@champion models:/mlm-adapt/latest --config configs/demo.yaml
 
-# everything: what CI runs (.ci/run)
+# everything: what CI runs (.ci/run). TEST_WORKERS pytest-xdist workers (default 2: CI's cores), each test file
+# on one worker (its module fixtures run once), one torch thread per worker (tests/conftest.py); TEST_WORKERS=0
+# runs in this process, one test after another
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 # the unit tier for the edit loop: no servers, no subprocess pipelines, nothing marked heavy (tests/conftest.py)
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not heavy"
+	$(BIN)/python -m pytest -q -m "not heavy" $(XDIST)
 
 schema: setup
 	$(BIN)/mlm config schema --write

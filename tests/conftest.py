@@ -25,6 +25,14 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 # connect to ephemeral Prefect API server" (the session harness already waits 120 s)
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
+# Under pytest-xdist (`make test` runs TEST_WORKERS=2 workers, one per core of CI's machine): one torch/OpenMP
+# thread per worker, so two workers never fight over the cores with spinning threads (pretrain's automatic thread
+# count honours $OMP_NUM_THREADS; tests that need more set it themselves), and a Prefect home per worker, so two
+# workers' ephemeral Prefect servers never share one SQLite database. Set before torch or prefect is imported.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix=f"mlm-tests-{os.environ['PYTEST_XDIST_WORKER']}-"))
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 
