@@ -108,7 +108,10 @@ def _candidates(model, name, v):
     args = [a for a in typing.get_args(ann) if a is not type(None)]
     lits = [a for a in ([ann] + args) if typing.get_origin(a) is typing.Literal]
     if lits:
-        return [c for c in typing.get_args(lits[0]) if c != v]
+        others = [c for c in typing.get_args(lits[0]) if c != v]
+        if others or not ({int, float} & set(args)):
+            return others
+        return [16.0, 8, 1.0]           # a number or a keyword ("auto"), left at the keyword
     if isinstance(v, bool):
         return [not v]
     if isinstance(v, int):

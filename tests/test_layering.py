@@ -86,7 +86,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core leaves", (
         r"mlm_core$", r"mlm_core\.config(\..*)?$",
         r"mlm_core\.(artifacts|errors|languages|redact|textcheck|sampling"
-        r"|figures|unigram|tensorfile|pathcheck|progress|external|reproducible|commands)$",
+        r"|figures|unigram|tensorfile|pathcheck|progress|external|reproducible|commands|partition_size)$",
         r"mlm_core\.demo(\..*)?$")),
     ("core store", (r"mlm_core\.(store|locks|partitions)$",)),
     ("core stages", (
