@@ -7,7 +7,9 @@ formats them. Which function builds a stage's table and plots is declared in its
 from __future__ import annotations
 
 import errno
-from mlm_core.artifacts import StageArtifact
+
+from mlm_core.artifacts import (Audit, Evaluation, NormalizedCorpus, PretrainedModel, Registration, ShardSet,
+                                StageArtifact, TokenizerArtifact)
 
 TRANSIENT_ERRNOS = {errno.EAGAIN, errno.EBUSY, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED,
                     errno.EIO, errno.ESTALE}
@@ -26,9 +28,9 @@ def is_transient(state) -> bool:
     return False
 
 
-def normalize_rows(art: StageArtifact) -> list[dict]:
+def normalize_rows(art: NormalizedCorpus) -> list[dict]:
     rows = []
-    for lang, s in sorted(art.manifest.get("languages", {}).items()):
+    for lang, s in sorted((art.languages or {}).items()):
         rows.append({"lang": lang, "records": s["records"], "docs": s["docs"], "chars": s["chars"],
                      "bytes": s["bytes"], "duplicates": s["duplicates"], "quarantined": s["quarantined"],
                      "quarantine_rate": round(s["quarantined"] / max(s["records"], 1), 5),
@@ -36,7 +38,7 @@ def normalize_rows(art: StageArtifact) -> list[dict]:
     return rows
 
 
-def tokenizer_rows(art: StageArtifact) -> list[dict]:
+def tokenizer_rows(art: TokenizerArtifact) -> list[dict]:
     # the limits the output was last validated against (thresholds are not part of the stored output)
     tcfg = (art.manifest.get("thresholds") or {}).get("tokenizer") or {}
     per_lang = tcfg.get("max_fertility_per_lang") or {}
@@ -44,18 +46,18 @@ def tokenizer_rows(art: StageArtifact) -> list[dict]:
              "tokens_per_char": round(s["tokens_per_char"], 3), "unk_rate": round(s["unk_rate"], 5),
              "no_spaces": s.get("no_spaces", False),
              "max_fertility": per_lang.get(lang, tcfg.get("max_fertility"))}
-            for lang, s in sorted(art.manifest.get("languages", {}).items())]
+            for lang, s in sorted((art.languages or {}).items())]
 
 
-def shards_rows(art: StageArtifact) -> list[dict]:
-    langs = art.manifest.get("languages", {})
+def shards_rows(art: ShardSet) -> list[dict]:
+    langs = art.languages or {}
     return [{"lang": r["lang"], "docs": langs[r["lang"]]["docs_train"] + langs[r["lang"]]["docs_validation"],
              "tokens_train": r["n"], "sequences_train": langs[r["lang"]]["rows_train"],
              "natural": round(r["natural"], 4), "p": round(r["p"], 4), "upsampling": round(r["upsampling"], 3)}
-            for r in art.manifest.get("sampling", {}).get("table", [])]
+            for r in (art.sampling or {}).get("table", [])]
 
 
-def pretrain_rows(art: StageArtifact) -> list[dict]:
+def pretrain_rows(art: PretrainedModel) -> list[dict]:
     """[MASK]-only top-1 vs the baseline first (what measures learning), then the all-target (80/10/10) figures."""
     from mlm_core.train.stage import beats_baseline
     def masked(r: dict) -> dict:
@@ -66,12 +68,12 @@ def pretrain_rows(art: StageArtifact) -> list[dict]:
                 "distinct_predictions": r.get("distinct_predictions")}
     return [{"lang": lang, **masked(r), "val_loss": round(r["loss"], 4), "val_acc": round(r["acc"], 4),
              "baseline_acc": round(r["baseline_acc"], 4), "beats_baseline": beats_baseline(r)}
-            for lang, r in sorted(art.manifest.get("eval", {}).items())]
+            for lang, r in sorted((art.eval or {}).items())]
 
 
-def evaluate_rows(art: StageArtifact) -> list[dict]:
+def evaluate_rows(art: Evaluation) -> list[dict]:
     rows = []
-    for lang, r in sorted(art.manifest.get("languages", {}).items()):
+    for lang, r in sorted((art.languages or {}).items()):
         if r.get("missing"):
             rows.append({"lang": lang, "top1": "missing", "baseline_top1": "", "top5": "", "mrr": "", "ece": "",
                          "perplexity": "", "pseudo_perplexity": ""})
@@ -81,8 +83,8 @@ def evaluate_rows(art: StageArtifact) -> list[dict]:
     return rows
 
 
-def audit_rows(art: StageArtifact) -> list[dict]:
-    return [dict(r) for r in art.manifest.get("crows", [])]
+def audit_rows(art: Audit) -> list[dict]:
+    return [dict(r) for r in art.crows or []]
 
 
 def _sig(v, digits: int = 4):
@@ -90,12 +92,12 @@ def _sig(v, digits: int = 4):
     return v if not isinstance(v, float) else float(f"{v:.{digits}g}")
 
 
-def register_rows(art: StageArtifact) -> list[dict]:
+def register_rows(art: Registration) -> list[dict]:
     return [{"gate": g["name"], "threshold": _sig(g["threshold"]), "value": _sig(g["value"]),
-             "pass": g["passed"], "detail": g["detail"]} for g in art.manifest.get("gates", [])]
+             "pass": g["passed"], "detail": g["detail"]} for g in art.gates or []]
 
 
-def shares_plot(art: StageArtifact, dest) -> list:
+def shares_plot(art: ShardSet, dest) -> list:
     """Natural vs temperature-sampled language shares for several α (PNG under ``dest``)."""
     from pathlib import Path
 
@@ -104,9 +106,9 @@ def shares_plot(art: StageArtifact, dest) -> list:
     import matplotlib.pyplot as plt
 
     from mlm_core.stats import ALPHAS, shares_by_alpha
-    table = art.manifest["sampling"]["table"]
+    table = art.sampling["table"]
     counts = {r["lang"]: r["n"] for r in table}
-    alpha = art.manifest["sampling"]["alpha"]
+    alpha = art.sampling["alpha"]
     alphas = sorted(set(ALPHAS) | {alpha}, reverse=True)
     shares = shares_by_alpha(counts, alphas)
     langs = sorted(counts, key=counts.get, reverse=True)
@@ -171,7 +173,7 @@ def run_tags(stage: str, art: StageArtifact) -> dict[str, str]:
     step and languages; ``mlm_core.train.plateau``)."""
     if stage == "pretrain":
         from mlm_core.train.plateau import run_tags as plateau_tags
-        return plateau_tags(art.manifest.get("plateau"))
+        return plateau_tags(art.plateau)
     return {}
 
 
@@ -204,7 +206,7 @@ def manifest_metrics(manifest: dict) -> dict[str, float]:
 def lineage(stage: str, art: StageArtifact, lc) -> list[dict]:
     """The stage's inputs by fingerprint and source (upstream outputs, or raw sources for normalize)."""
     out = []
-    for up, fp in art.manifest.get("upstream", {}).items():
+    for up, fp in (art.upstream or {}).items():
         out.append({"name": f"{up}-{fp}", "source": str(lc.workdir / up / fp), "digest": fp, "context": "input"})
     if stage == "normalize":
         for lang, src in sorted(lc.config.sources.items()):

@@ -102,7 +102,7 @@ def _register_pretrained(art: StageArtifact, tracker: tracking.Tracker, run_id: 
         return existing
     from mlm_core.register.modelcard import summary
     from tasks.mlflow_model import log_and_register
-    up = art.manifest.get("upstream", {})
+    up = art.upstream or {}
     # a handful of tags, so the version page shows them (and its aliases) at a glance: the fingerprints that
     # identify it (pretrain's is also its config's), then the verdicts; flavor and format are in its MLmodel
     tags = {"pretrain_fingerprint": art.fingerprint, "shards_fingerprint": up.get("shards", ""),
@@ -130,7 +130,7 @@ def after_evaluate(art: StageArtifact, tracker: tracking.Tracker, run_id: str | 
     """Tag the evaluated version ``evaluation=passed`` and move ``candidate`` to it (unless a newer version
     holds it), or ``evaluation=failed`` with the reasons and no alias."""
     import json
-    pre_fp = (art.manifest.get("upstream") or {}).get("pretrain")
+    pre_fp = (art.upstream or {}).get("pretrain")
     p = art.path / "evaluation.json"
     reasons = evaluation_verdict(json.loads(p.read_text(encoding="utf-8")) if p.exists() else {})
     if not tracker.enabled or tracker.offline or not pre_fp:

@@ -67,9 +67,8 @@ def _logger():
 
 def _gates(art) -> dict:
     """The register output's gate outcome for the run's final line: {passed, n, failed: [names]}."""
-    gates = art.manifest.get("gates") or []
-    return {"passed": bool(art.manifest.get("passed")), "n": len(gates),
-            "failed": list(art.manifest.get("failed_gates") or [])}
+    gates = art.gates or []                     # a Registration (mlm_core.artifacts)
+    return {"passed": bool(art.passed), "n": len(gates), "failed": list(art.failed_gates or [])}
 
 
 @task(name="stage", task_run_name="{name}", retries=2, retry_delay_seconds=2,

@@ -83,7 +83,7 @@ def _setup(lc, upstream: dict):
         # Only effective before the process's first parallel tokenizers call (rayon reads it once).
         os.environ.setdefault("RAYON_NUM_THREADS", str(cfg.workers))
     tok = cached_tokenizer(tok_file)
-    vocab_size = int(tart.manifest.get("vocab_size") or tok.get_vocab_size(with_added_tokens=True))
+    vocab_size = int(tart.vocab_size or tok.get_vocab_size(with_added_tokens=True))
     if tok.get_vocab_size(with_added_tokens=True) > vocab_size:
         raise StageError(f"{tok_file}: {tok.get_vocab_size(with_added_tokens=True)} tokens, but the tokenizer "
                          f"manifest says vocab_size={vocab_size}")
@@ -277,7 +277,7 @@ def merge_shards(lc, upstream: dict, parts: list[dict], results: list[dict], par
         "format": "arrow-ipc-stream",
         "vocab_size": vocab_size,
         "tokenizer_fingerprint": tart.fingerprint,
-        "special_tokens": tart.manifest.get("special_tokens", {}),
+        "special_tokens": tart.special_tokens or {},
         "shards": shards,
         "sampling": {"alpha": cfg.sampling_alpha, "unit": "train tokens",
                      "table": table},

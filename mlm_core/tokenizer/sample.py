@@ -182,7 +182,7 @@ def train_sample(normalize_dir: Path, counts: dict[str, int], alpha: float, samp
 
 
 def corpus_counts(norm: StageArtifact, langs: list[str]) -> tuple[dict[str, int], dict[str, int]]:
-    per_lang = norm.manifest.get("languages", {})
+    per_lang = norm.languages or {}
     missing = [lang for lang in langs if lang not in per_lang]
     if missing:
         raise TokenizerError(f"the normalize output {norm.path} has no language(s) {', '.join(missing)}: "

@@ -65,11 +65,11 @@ def prepare(lc, shards, tok) -> InitSpec:
     p = read_pretrained(folder, FIELD)
     check_model_config(p, cfg.model, FIELD)
     where = f"{FIELD} = {cfg.init_from}" + (f" ({folder})" if str(folder) != cfg.init_from else "")
-    seq_len = int(shards.manifest["seq_len"])
+    seq_len = int(shards.seq_len)
     if seq_len > p.max_positions:
         raise StageError(f"pretrain: shards.seq_len ({seq_len}) exceeds the max positions of {where} "
                          f"({p.max_positions}): lower shards.seq_len to at most {p.max_positions}")
-    _check_specials(p, shards.manifest["special_tokens"], tok, where)
+    _check_specials(p, shards.special_tokens, tok, where)
     vocab, extension = _vocabulary(p, shards, tok, where)
     _check_objective(cfg, p, where)
     dropout = cfg.model.dropout if "dropout" in cfg.model.model_fields_set else None
@@ -77,7 +77,7 @@ def prepare(lc, shards, tok) -> InitSpec:
 
 
 def _tok_source(tok) -> str:
-    src = (tok.manifest.get("source") or {}).get("ref")
+    src = (tok.source or {}).get("ref")
     return f"the tokenizer stage's (tokenizer.from = {src})" if src else f"the tokenizer stage's ({tok.path})"
 
 
@@ -94,8 +94,8 @@ def _check_specials(p, specials: dict, tok, where: str) -> None:
 
 def _vocabulary(p, shards, tok, where: str) -> tuple[int, str | None]:
     """(model vocabulary size, extension.parquet or None)."""
-    vocab = int(shards.manifest["vocab_size"])
-    ext = tok.manifest.get("extension")
+    vocab = int(shards.vocab_size)
+    ext = tok.extension
     if ext:
         base, path = int(ext["base_vocab_size"]), Path(tok.path) / "extension.parquet"
         if base > p.vocab_size:

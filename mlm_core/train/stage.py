@@ -93,11 +93,11 @@ def default_checkpoint_dir(lc, upstream: dict) -> Path:
 
 
 def _check_inputs(cfg, shards, tok) -> None:
-    got = shards.manifest.get("tokenizer_fingerprint")
+    got = shards.tokenizer_fingerprint
     if got != tok.fingerprint:
         raise StageError(f"pretrain: the shard set {shards.path} was encoded with tokenizer {got}, but the tokenizer "
                          f"upstream is {tok.fingerprint}: rebuild the shards with this tokenizer")
-    seq_len = int(shards.manifest["seq_len"])
+    seq_len = int(shards.seq_len)
     if seq_len > cfg.model.max_positions and cfg.init_from is None:    # init_from: the checkpoint's (init_from.py)
         raise StageError(f"pretrain: shards.seq_len ({seq_len}) exceeds pretrain.model.max_positions "
                          f"({cfg.model.max_positions})")
@@ -146,8 +146,8 @@ def _train_and_export(lc, upstream: dict, out_dir: Path, work: Path,
         init = prepare(lc, shards, tok)         # resolved, read and checked before any training
     out_dir = Path(out_dir)
     work.mkdir(parents=True, exist_ok=True)
-    specials = shards.manifest["special_tokens"]
-    vocab, pad = int(shards.manifest["vocab_size"]), int(specials["pad"]["id"])
+    specials = shards.special_tokens
+    vocab, pad = int(shards.vocab_size), int(specials["pad"]["id"])
     verify = lc.config.verify
     log.info("pretrain: %s, %d steps, checkpoints in %s", cfg.objective, cfg.steps, work)
     bias = None
