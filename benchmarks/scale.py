@@ -20,9 +20,13 @@ per process role (driver = the job process; worker = each Dask worker, max over 
 Prefect's temporary API server), polled every 0.2 s, and whether the normalize and shards outputs are
 byte-identical to local's (the manifests' sha256 of every file). Per-partition scheduling overhead: the shards
 stage on a small corpus (--overhead-gb, 10 MB) run twice more per engine, with ``execution.partition_mb``
-giving few and many partitions; overhead = (t_many - t_few) / (n_many - n_few) seconds per extra partition (the encoding work is
+giving few and many partitions (dask-lc: both on one LocalCluster, started by an untimed warm-up run, so its
+start-up, which varies by seconds, is not in the difference); overhead = (t_many - t_few) / (n_many - n_few)
+seconds per extra partition (the encoding work is
 the same; what grows is the per-partition cost: task submission, Prefect task-run records, a worker round trip,
-the partition folder's files). The Prefect server start (once per job) is reported apart.
+the partition folder's files; on the Dask engines the many partitions go in batches, about 3 Dask tasks per
+worker thread, so most of that cost is paid per batch). The Prefect server start (once per job) is reported apart,
+and the 1-minute load average before and after each job (the figures are only comparable at a similar load).
 Targets (issue 10, 2 cores): dask within 15% of local throughput at 1 and 5 GB; worker peak RSS flat from 1 to
 5 GB (+-15%); normalize -> shards at 5 GB without tuning.
 """
@@ -48,7 +52,11 @@ STAGES = ("normalize", "tokenizer", "shards")
 
 
 # ----------------------------------------------------------------------------------------- the job
-def write_config(root: Path, meta: dict, workdir: Path, partition_mb: float) -> Path:
+def _mb(v: str):
+    return v if v == "auto" else float(v)
+
+
+def write_config(root: Path, meta: dict, workdir: Path, partition_mb) -> Path:
     import yaml
     raw = {"name": "scale", "workdir": str(workdir), "seed": 0,
            "sources": {lang: {"paths": files} for lang, files in meta["files"].items()},
@@ -102,10 +110,14 @@ def job(args) -> None:
     for name in args.stages.split(","):
         out["stages"][name] = run_stage(lc, name)
     if args.overhead:          # the shards stage again with few, then many partitions (same server/cluster)
+        from tasks.engine import session
         pair = []
-        for mb in args.overhead:
-            r = run_stage(load_config(args.config, over + [f"execution.partition_mb={mb}"]), "shards")
-            pair.append((r["partitions"], r["s"]))
+        with session():        # dask-lc: one LocalCluster for the pair, started by an untimed warm-up run
+            if args.engine == "dask-lc":
+                run_stage(load_config(args.config, over + [f"execution.partition_mb={args.overhead[0]}"]), "shards")
+            for mb in args.overhead:
+                r = run_stage(load_config(args.config, over + [f"execution.partition_mb={mb}"]), "shards")
+                pair.append((r["partitions"], r["s"]))
         (n1, t1), (n2, t2) = pair
         out["overhead"] = {"few": pair[0], "many": pair[1],
                            "s_per_partition": round((t2 - t1) / (n2 - n1), 4) if n2 != n1 else None}
@@ -250,7 +262,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,5", help="corpus sizes in GB, comma-separated (e.g. 0.05 for a check)")
     ap.add_argument("--big", action="store_true", help="add 10 GB")
     ap.add_argument("--engines", default=",".join(ENGINES))
-    ap.add_argument("--partition-mb", type=float, default=64)
+    ap.add_argument("--partition-mb", type=_mb, default="auto",
+                    help="execution.partition_mb of the main runs: MiB, or auto (sized from the input and workers)")
     ap.add_argument("--overhead-mb", type=float, nargs=2, default=(64, 0.25), metavar=("FEW", "MANY"),
                     help="execution.partition_mb of the two shards runs of the overhead measurement")
     ap.add_argument("--overhead-gb", type=float, default=0.01,
@@ -284,8 +297,9 @@ def main() -> None:
             cfg = write_config(root, meta, work, args.partition_mb)
             print(f"[{gb:g} GB] {engine} ...", file=sys.stderr, flush=True)
             # the overhead pair: on its own (small) corpus only
+            load0 = os.getloadavg()[0]
             res = run_job(cfg, engine, ",".join(STAGES), args.overhead_mb if gb == args.overhead_gb else None)
-            res.update(gb=gb, raw_mb=raw_mb)
+            res.update(gb=gb, raw_mb=raw_mb, load=(round(load0, 2), round(os.getloadavg()[0], 2)))
             shas = {s: v.pop("sha256", None) for s, v in res["stages"].items()}
             ref = ref or (shas if engine == "local" else None)
             res["identical"] = ({s: "-" if ref.get(s) is None else "yes" if ref[s] == shas.get(s) else "NO"
@@ -318,10 +332,12 @@ def report(results: list[dict]) -> None:
     over = [r for r in results if "overhead" in r]
     if over:
         print()
-        print(table(["engine", "corpus", "few: partitions, s", "many: partitions, s", "s / partition"],
+        print(table(["engine", "corpus", "few: partitions, s", "many: partitions, s", "s / partition",
+                     "load avg (1 min) before/after"],
                     [[r["engine"], f"{r['gb']:g} GB", f"{r['overhead']['few'][0]}, {r['overhead']['few'][1]:.1f}",
                       f"{r['overhead']['many'][0]}, {r['overhead']['many'][1]:.1f}",
-                      r["overhead"]["s_per_partition"]] for r in over]))
+                      r["overhead"]["s_per_partition"], "{} / {}".format(*r.get("load", ("-", "-")))]
+                     for r in over]))
         print()
         print("Prefect server start (per job): " + ", ".join(f"{r['engine']} {r['prefect_start_s']:.1f} s" for r in over))
 
