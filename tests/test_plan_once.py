@@ -19,9 +19,15 @@ from mlm_core import stages
 
 
 def _stub(name):
+    """The stage's run as a stub: one JSON file, and a manifest with every key its type requires (empty)."""
+    from mlm_core.artifacts import artifact_type
+    empty = {"dict": {}, "list": [], "str": "", "int": 0, "float": 0.0, "bool": False}
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(artifact_type(name))}
+
     def run(lc, upstream, out_dir, **hooks):
         (out_dir / "out.json").write_text(json.dumps({"stage": name, "upstream": sorted(upstream)}))
-        return {"counts": {"upstream": len(upstream)}}
+        return {k: empty[kinds[k]] for k in artifact_type(name).required_keys()} | {
+            "counts": {"upstream": len(upstream)}}
     return run
 
 

@@ -75,7 +75,8 @@ def test_resumed_run_counts_only_its_own_steps_in_the_rates():
     assert "ETA 4m00s" in out.getvalue() and "200 tok/s" in out.getvalue()
 
 
-def test_tty_redraws_one_line_in_place():
+def test_tty_redraws_one_line_in_place(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")            # the status line is cut to the terminal's width (80 under xdist)
     clock, out = Clock(), io.StringIO()
     p = Progress("shards", 200, unit="docs", stream=out, tty=True, interval=30, clock=clock)
     for i in range(1, 101):                         # 100 updates over 5 s
