@@ -86,7 +86,7 @@ def _cfg(tmp_path):
         shards={"seq_len": 16, "workers": 1, "validation_fraction": 0.25})
 
 
-def test_a_stage_added_by_its_declaration_runs_through_the_generic_task(tmp_path, with_stats):
+def test_a_stage_added_by_its_declaration_runs_through_the_generic_task(tmp_path, with_stats, prefect_harness):
     from mlm_core import partitions
     from mlm_core.config.io import load_config
     from tasks import publish, validation

@@ -153,7 +153,7 @@ def _evaluate_art(tmp_path, pretrain_fp: str, margins: dict[str, float]):
     d.mkdir()
     intr = {lang: {"top1": 0.2 + m, "baseline_top1": 0.2} for lang, m in margins.items()}
     (d / "evaluation.json").write_text(json.dumps({"intrinsic": intr}), encoding="utf-8")
-    return types.SimpleNamespace(path=d, manifest={"upstream": {"pretrain": pretrain_fp}})
+    return types.SimpleNamespace(path=d, upstream={"pretrain": pretrain_fp})       # an Evaluation's fields
 
 
 def _register_plain(tracker, fp: str) -> int:
@@ -170,7 +170,7 @@ def test_candidate_is_the_latest_version_that_passed_evaluation(registered, tmp_
     # the real 4-step model, evaluated on held-out text: it passes only where top-1 beats the unigram baseline
     ev = json.loads((arts["evaluate"].path / "evaluation.json").read_text())
     beats = all(r["top1"] > r["baseline_top1"] for r in ev["intrinsic"].values() if not r.get("missing"))
-    real = types.SimpleNamespace(path=arts["evaluate"].path, manifest={"upstream": {"pretrain": arts["pretrain"].fingerprint}})
+    real = types.SimpleNamespace(path=arts["evaluate"].path, upstream={"pretrain": arts["pretrain"].fingerprint})
     registry.after_evaluate(real, tracker, None, lc)
     tags = client.get_model_version(NAME, str(version)).tags
     assert tags["evaluation"] == ("passed" if beats else "failed")

@@ -185,7 +185,7 @@ def test_stage_refuses_mismatched_inputs(shards, tmp_path):
     lc = _lc(tmp_path)
     with pytest.raises(StageError, match="encoded with tokenizer toktiny, but the tokenizer upstream is other"):
         run_pretrain(lc, {"shards": shards[0], "tokenizer": replace(shards[1], fingerprint="other")}, tmp_path / "o")
-    long = replace(shards[0], manifest={**shards[0].manifest, "seq_len": 128})
+    long = replace(shards[0], seq_len=128, manifest={**shards[0].manifest, "seq_len": 128})
     with pytest.raises(StageError, match=r"seq_len \(128\) exceeds pretrain.model.max_positions \(64\)"):
         run_pretrain(lc, {"shards": long, "tokenizer": shards[1]}, tmp_path / "o")
 
