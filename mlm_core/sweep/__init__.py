@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -59,6 +60,8 @@ SEED_KEY = "pretrain.seed"          # what a sweep seed sets: training only, so 
 def _is_shared(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in SHARED_KEYS)
 
+
+log = logging.getLogger(__name__)
 
 class SweepError(MlmError, ValueError):
     """A sweep file that cannot be used; the message names the file, the variant and the key."""
@@ -219,6 +222,39 @@ def variant_seeds(cfg: SweepConfig, name: str) -> list[int]:
     return list(cfg.seeds)
 
 
+ALPHA = 0.05
+
+
+def significance_floors(cfg: SweepConfig) -> list[tuple[int, str, str, int, float]]:
+    """For each primary contrast: (index, variant, baseline, n, floor), where n is the number of seeds both
+    variants run at (the paired seeds the report's sign-flip test uses) and floor the smallest Holm-corrected p it
+    can ever report: the exact two-sided sign-flip p when every pair agrees in sign, 2 / 2^n, times the number of
+    primary contrasts m (Holm's first step). A floor >= 0.05 means the verdict can only be "inconclusive", whatever
+    the data: e.g. 6 seeds suffice for one contrast (0.031) but not for two (0.0625), which need 7 (0.031)."""
+    contrasts = cfg.primary.contrasts if cfg.primary else []
+    m = len(contrasts)
+    out = []
+    for i, c in enumerate(contrasts):
+        base = c.baseline or cfg.baseline or ""
+        n = len(set(variant_seeds(cfg, c.variant)) & set(variant_seeds(cfg, base)))
+        out.append((i, c.variant, base, n, min(1.0, m * 2.0 / 2 ** n) if n else 1.0))
+    return out
+
+
+def underpowered(cfg: SweepConfig, path: str | Path) -> list[str]:
+    """One line per primary contrast whose significance floor is >= 0.05 (``significance_floors``), naming the
+    seeds it needs; ``load_sweep`` logs them as warnings (a small exploratory sweep may be meant that way)."""
+    m = len(cfg.primary.contrasts) if cfg.primary else 0
+    lines = []
+    for i, variant, base, n, floor in significance_floors(cfg):
+        if floor >= ALPHA:
+            need = next(k for k in range(1, 64) if m * 2.0 / 2 ** k < ALPHA)
+            lines.append(f"{path}: primary.contrasts.{i} ({variant} vs {base}): {n} paired seed(s) and {m} primary "
+                         f"contrast(s): the smallest Holm-corrected p is {floor:.3g} >= {ALPHA}, so its verdict can "
+                         f"only be inconclusive; give both variants at least {need} common seeds")
+    return lines
+
+
 def read_sweep_config(path: str | Path) -> SweepConfig:
     p = Path(path)
     if not p.is_file():
@@ -284,6 +320,8 @@ def load_sweep(path: str | Path, concurrency: int | None = None, overrides: list
                                  f"(variants: {', '.join(names)})")
         if c.variant == base_name:
             raise SweepError(f"{path}: primary.contrasts.{i}: variant and baseline are both {c.variant!r}")
+    for line in underpowered(cfg, path):
+        log.warning("%s", line)
     loaded: dict[str, LoadedConfig] = {}
     for name, settings in variants:
         shared = [k for k in settings if _is_shared(k)]
@@ -339,6 +377,6 @@ def sweep_schema_text() -> str:
     return schema_json_text(sweep_json_schema())
 
 
-__all__ = ["SweepConfig", "Variant", "Contrast", "Primary", "Sweep", "SweepRun", "SweepError", "load_sweep",
+__all__ = ["significance_floors", "underpowered", "SweepConfig", "Variant", "Contrast", "Primary", "Sweep", "SweepRun", "SweepError", "load_sweep",
            "read_sweep_config",
            "expand", "variant_seeds", "override_word", "model_name_for", "sweep_json_schema", "sweep_schema_text"]
