@@ -228,6 +228,20 @@ def test_report_writes_each_verdict(tmp_path):
     assert up["vs_control"]["mean"] == pytest.approx(0.5 + np.mean(SHIFT["up"]) - 0.45)
 
 
+def test_holm_counts_every_declared_contrast_even_one_not_run_yet(tmp_path):
+    """A primary contrast whose variant has no stored runs still counts in Holm's m: 'up' is corrected over the
+    three declared contrasts (3 x 2/256), not over the two that could be tested (2 x 2/256), and the untested one
+    is inconclusive with no p."""
+    sweep = _verdict_sweep(tmp_path)
+    plan = json.loads((sweep / "plan.json").read_text(encoding="utf-8"))
+    plan["primary"]["contrasts"][2]["variant"] = "not_run"
+    (sweep / "plan.json").write_text(json.dumps(plan), encoding="utf-8")
+    prim = {c["variant"]: c for c in build_report(sweep)["primary"]}
+    assert prim["up"]["p_holm"] == pytest.approx(3 * 2 / 256) and prim["up"]["verdict"] == "supported"
+    assert prim["not_run"]["n"] == 0 and prim["not_run"]["p_holm"] is None
+    assert prim["not_run"]["verdict"] == "inconclusive"
+
+
 def test_report_without_primary_is_exploratory_only(tmp_path):
     res = build_report(_verdict_sweep(tmp_path, primary=False))
     assert res["primary"] is None

@@ -142,9 +142,11 @@ def primary_results(plan: dict, runs) -> list[dict] | None:
     for c in prim["contrasts"]:
         h = contrast(runs, prim["metric"], c["variant"], c.get("baseline") or plan.get("baseline"))
         out.append({**c, "baseline": c.get("baseline") or plan.get("baseline"), **h})
-    for r, adj in zip(out, stats.holm([r["p"] for r in out])):
-        r["p_holm"] = adj
-        r["verdict"] = stats.verdict(adj, r["ci_low"], r["ci_high"], r["expect"])
+    # Holm over every declared contrast: one whose runs are not (yet) stored counts with p = 1, so a partly run
+    # sweep never gets a smaller corrected p, and so no verdict, that the complete sweep could not give
+    for r, adj in zip(out, stats.holm([1.0 if r["p"] is None else r["p"] for r in out])):
+        r["p_holm"] = None if r["p"] is None else adj
+        r["verdict"] = stats.verdict(r["p_holm"], r["ci_low"], r["ci_high"], r["expect"])
     return out
 
 
