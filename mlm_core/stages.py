@@ -338,19 +338,10 @@ def _load_verified(lc: LoadedConfig, store: StageStore, name: str, fp: str) -> S
         raise CorruptOutputError(exc.report, run_command(lc, "--only", name, "--force")) from None
 
 
-def _context(lc: LoadedConfig, store: StageStore, spec: StageSpec, plans: dict[str, StagePlan]) -> dict:
-    """The stage's declared context outputs ({stage: typed output, or None when not in the store or unreadable})
-    at the fingerprints this run's plan gives them: the same ones its upstream outputs were built from."""
-    from mlm_core.artifacts import ManifestError
-    out: dict = {}
-    for c in spec.context:
-        fp = plans[c].fingerprint if c in plans else None
-        try:
-            out[c] = _load_verified(lc, store, c, fp) if fp and store.is_complete(c, fp) else None
-        except (OSError, ValueError, ManifestError) as exc:
-            log.warning("%s: its context output %s %s is unreadable (%s)", spec.name, c, fp, exc)
-            out[c] = None
-    return out
+def _context(store: StageStore, spec: StageSpec, plans: dict[str, StagePlan]) -> dict:
+    """The stage's declared context outputs ({stage: typed output, or None}, ``StageStore.load_optional``) at the
+    fingerprints this run's plan gives them: the same ones its upstream outputs were built from."""
+    return {c: store.load_optional(c, plans[c].fingerprint if c in plans else None) for c in spec.context}
 
 
 def _execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: bool = False,
@@ -373,7 +364,7 @@ def _execute(lc: LoadedConfig, name: str, plans: dict[str, StagePlan], force: bo
         if not store.is_complete(u, ufp):
             raise PlanError(f"stage {name!r} needs {u!r} output {ufp}, which is missing: run stage {u!r} first")
         upstream[u] = _load_verified(lc, store, u, ufp)   # corrupt: CorruptOutputError
-    upstream |= _context(lc, store, spec, plans)
+    upstream |= _context(store, spec, plans)
     # thresholds: those the output was validated against when written (a cache hit under others re-validates)
     base = {"config": p.config, "upstream": p.upstream, "code_version": spec.code_version,
             "output_key": p.output_key, "thresholds": p.thresholds}

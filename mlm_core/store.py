@@ -248,6 +248,18 @@ class StageStore:
             return rep
         return verify_files(d, manifest, policy, stage, fp)
 
+    def load_optional(self, stage: str, fp: str | None) -> StageArtifact | None:
+        """``load`` (manifest only, no file verification) for an output a reader can do without, such as the data
+        behind a model card: None when ``fp`` is None, the output is not in the store, or its manifest is
+        unreadable or lacks a key (logged as a warning naming the output)."""
+        if not fp:
+            return None
+        try:
+            return self.load(stage, fp)
+        except (OSError, ValueError) as exc:     # not there (FileNotFoundError), bad JSON, ManifestError
+            log.warning("%s output %s is not readable from %s (%s); going on without it", stage, fp, self.root, exc)
+            return None
+
     def complete_outputs(self, stage: str) -> list[StageArtifact]:
         """Every complete output of a stage, newest first (temporary folders are skipped; an old code version's
         manifest lacking a key its type now requires still lists, the key read as None)."""

@@ -294,4 +294,5 @@ def _api_settings():
     return temporary_settings({PREFECT_API_URL: url})
 
 
-__all__ = ["EngineError", "mapper_for", "partition_batch_task", "batches", "cluster_threads", "check_cluster", "compare_versions", "DaskMapper"]
+__all__ = ["EngineError", "mapper_for", "partition_batch_task", "batches", "cluster_threads", "check_cluster",
+           "compare_versions", "DaskMapper"]

@@ -282,7 +282,8 @@ def _promote(art: StageArtifact, tracker: tracking.Tracker, run_id: str, lc) -> 
         aliases.move(tracker.client, name, "champion", version, "pipeline", "passed every promotion gate")
     store = StageStore(lc.workdir)
     upstream = {s: store.load(s, fp) for s, fp in reg.upstream.items()}
-    upstream |= _card_context(store, upstream["pretrain"])
+    # the data-stage outputs behind the model, for the card (a missing one leaves its section empty)
+    upstream |= {s: store.load_optional(s, fp) for s, fp in sorted((upstream["pretrain"].upstream or {}).items())}
     gates = [GateResult(**g) for g in reg.gates]
     text = card(lc, upstream, gates, version, passed)
     tracker.log_text(run_id, text, "model_card.md")
@@ -295,20 +296,6 @@ def _promote(art: StageArtifact, tracker: tracking.Tracker, run_id: str, lc) -> 
     log.info("%s version %s: gates %s%s", name, version, "passed -> champion" if passed else "failed: ",
              "" if passed else ", ".join(failed))
     return version
-
-
-def _card_context(store, pre) -> dict:
-    """The data-stage outputs behind a pretrain output, for the model card ({stage: typed output or None}): a
-    missing or unreadable one leaves its card section empty rather than failing the promotion."""
-    out = {}
-    for stage, fp in sorted((pre.upstream or {}).items()):
-        try:
-            out[stage] = store.load(stage, fp)
-        except (OSError, ValueError) as exc:     # ManifestError is a ValueError
-            log.warning("model card: the %s output %s is unreadable (%s); its card section stays empty", stage, fp,
-                        exc)
-            out[stage] = None
-    return out
 
 
 GATE_TABLE = "gates/v{version}.json"

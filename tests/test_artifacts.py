@@ -155,6 +155,13 @@ def test_a_manifest_missing_a_key_of_its_type_is_never_complete(tmp_path):
     assert not store.is_complete("normalize", "f" * 16) and store.failed_dir("normalize", "f" * 16).is_dir()
     ok = store.write("normalize", "e" * 16, lambda out: {"languages": {}, "counts": {}}, {"config": {}})
     assert type(ok).__name__ == "NormalizedCorpus" and store.load("normalize", "e" * 16) == ok
+    # an output a reader can do without (context): None when absent, unreadable or short of a key, else the type
+    assert store.load_optional("normalize", "e" * 16) == ok
+    assert store.load_optional("normalize", None) is None and store.load_optional("normalize", "d" * 16) is None
+    bad = tmp_path / "normalize" / ("c" * 16)
+    bad.mkdir()
+    (bad / "manifest.json").write_text('{"languages": {}}', encoding="utf-8")
+    assert store.load_optional("normalize", "c" * 16) is None
 
 
 STAGE_PACKAGES = ("normalize", "tokenizer", "shards", "train", "evaluate", "audit", "register", "masking", "bias",
