@@ -341,6 +341,30 @@ def test_report_end_to_end_on_stored_outputs(tmp_path):
     assert "| unigram baseline (control) |" in res["markdown"]
 
 
+@pytest.mark.parametrize("m, n, floor, need", [
+    (1, 2, "0.5", 6),        # one contrast: 2 / 2^2
+    (1, 5, "0.0625", 6),     # 2 / 32
+    (1, 6, None, None),      # 2 / 64 = 0.031 < 0.05: a verdict is possible
+    (2, 6, "0.0625", 7),     # Holm's first step doubles 2 / 64: the masking-strategy design flaw
+    (2, 7, None, None),      # 2 x 2 / 128 = 0.031
+    (3, 6, "0.0938", 7),     # 3 x 2 / 64 = 0.09375; 3 x 2 / 128 = 0.047 < 0.05
+])
+def test_reading_names_the_floor_of_the_corrected_p(m, n, floor, need):
+    """The reading under a primary table says when no verdict but "inconclusive" is possible: the smallest
+    Holm-corrected p (every pair agreeing, 2 / 2^n, times the m contrasts) at or above 0.05, and how many seeds
+    would be needed. The floors are worked by hand in the parameters."""
+    from mlm_core.report.render import reading
+    c = {"verdict": "inconclusive", "variant": "b", "baseline": "a", "mean": 0.01, "ci_low": 0.001,
+         "ci_high": 0.02, "n": n, "mode": "seeds only", "p": 2.0 / 2 ** n, "p_holm": min(1.0, m * 2.0 / 2 ** n),
+         "expect": "higher", "m": m}
+    text = reading(c)
+    if floor is None:
+        assert "smallest possible" not in text
+    else:
+        assert f"is {floor}: no verdict other than inconclusive is possible ({need} seeds are needed)" in text
+        assert ("Holm-corrected p over the 2 primary contrasts" in text) == (m == 2)
+
+
 def test_upos_documents_are_sentences_of_predictions_parquet(tmp_path):
     """UPOS metrics resample sentences: predictions.parquet (written by its own writer) gives per sentence the
     tagger's and the control's correct words, and the source language's mean is left out of the task mean."""

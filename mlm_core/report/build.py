@@ -146,6 +146,7 @@ def primary_results(plan: dict, runs) -> list[dict] | None:
     # sweep never gets a smaller corrected p, and so no verdict, that the complete sweep could not give
     for r, adj in zip(out, stats.holm([1.0 if r["p"] is None else r["p"] for r in out])):
         r["p_holm"] = None if r["p"] is None else adj
+        r["m"] = len(out)          # the contrasts Holm corrects over (the reading's floor)
         r["verdict"] = stats.verdict(r["p_holm"], r["ci_low"], r["ci_high"], r["expect"])
     return out
 
