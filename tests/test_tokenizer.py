@@ -6,6 +6,7 @@ import itertools
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -261,6 +262,43 @@ def test_balanced_sample(tmp_path):
 
     natural = train_sample(tmp_path, chars, 1.0, 0.05, 10, seed=3, byte_counts=nbytes)
     assert natural.per_lang_bytes["fr"] / natural.bytes < share_fr / 2
+
+
+def _slow_prefix(hashes):
+    """The per-document parse the vectorized one replaced, written out here: int(h[:16], 16)."""
+    return np.array([int(h[:16], 16) for h in hashes.to_pylist()], dtype=np.uint64)
+
+
+def test_hash_prefix_equals_the_per_document_parse():
+    """hash_prefix64 decodes the leading 16 hex digits of each md5 from the Arrow buffer; on the md5s of the real
+    text of ../shared/data/text (and slices, chunks, large_string, upper case) it equals int(h[:16], 16)."""
+    from mlm_core.tokenizer.sample import hash_prefix64
+    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "text"
+    lines = [ln for f in sorted(data.glob("??.txt")) for ln in f.read_text(encoding="utf-8").splitlines() if ln]
+    assert len(lines) > 10_000, f"the real text in {data} is missing"
+    col = pa.array([hashlib.md5(t.encode()).hexdigest() for t in lines])
+    assert np.array_equal(hash_prefix64(col), _slow_prefix(col))
+    for arr in (col.slice(1234, 777), pa.chunked_array([col.slice(0, 5), col.slice(5, 90)]),
+                col.cast(pa.large_string()), pa.array([h.upper() for h in col.to_pylist()[:50]]),
+                pa.array(["0" * 16, "f" * 32, "ffffffffffffffff0"])):
+        flat = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+        assert np.array_equal(hash_prefix64(arr), _slow_prefix(flat))
+    assert hash_prefix64(pa.array([], pa.string())).shape == (0,)
+    with pytest.raises(ValueError):                    # not hex: the per-document path raises, as it always did
+        hash_prefix64(pa.array(["z" * 32]))
+
+
+def test_sample_is_unchanged_by_the_vectorized_hash_parse(tmp_path, monkeypatch):
+    """The sample drawn with the vectorized parse is the one the per-document parse draws (same texts, in the
+    same order, same held-out documents): the tokenizer, and so every fingerprint downstream, is unchanged."""
+    from mlm_core.tokenizer import sample as sample_mod
+    art = write_normalize(tmp_path, {"en": make_docs(SENTENCES["en"], 1000, 4),
+                                     "fr": make_docs(SENTENCES["fr"], 100, 3)})
+    chars = {lang: v["chars"] for lang, v in art.manifest["languages"].items()}
+    fast = train_sample(tmp_path, chars, 0.3, 0.05, 10, seed=3)
+    monkeypatch.setattr(sample_mod, "hash_prefix64", _slow_prefix)
+    slow = train_sample(tmp_path, chars, 0.3, 0.05, 10, seed=3)
+    assert fast.texts == slow.texts and fast.heldout == slow.heldout and fast.summary() == slow.summary()
 
 
 def test_repeats_are_capped(tmp_path):
