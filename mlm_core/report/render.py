@@ -79,12 +79,11 @@ def reading(c: dict) -> str:
     text = (f"**{word}**: {c['variant']} − {c['baseline']} = {c['mean']:+.4g}, 95% CI [{c['ci_low']:+.4g}, "
             f"{c['ci_high']:+.4g}] over {c['n']} paired seeds ({c['mode']}); exact sign-flip p = {_p(c['p'])}, "
             f"Holm-corrected p = {_p(c['p_holm'])}; the paper expects {c['variant']} {c['expect']}{claim}.")
-    # the smallest corrected p the data could ever give: every pair agreeing in sign (exact p = 2 / 2^n), times
-    # the m contrasts of Holm's first step; at or above alpha the verdict can only be "inconclusive"
+    # the smallest corrected p the data could ever give; at or above alpha the verdict can only be "inconclusive"
     m = int(c.get("m") or 1)
-    floor = min(1.0, m * 2.0 / 2 ** c["n"])
+    floor = stats.holm_floor(c["n"], m)
     if floor >= stats.ALPHA:
-        need = next(k for k in range(1, 64) if m * 2.0 / 2 ** k < stats.ALPHA)
+        need = stats.seeds_needed(m)
         what = ("exact p" if m == 1 else
                 f"Holm-corrected p over the {m} primary contrasts (2 / 2^{c['n']} x {m})")
         text += (f" With {c['n']} seeds the smallest possible {what} is {floor:.3g}: no verdict other than "

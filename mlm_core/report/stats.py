@@ -151,6 +151,17 @@ def holm(pvalues) -> list[float | None]:
     return out
 
 
+def holm_floor(n: int, m: int) -> float:
+    """The smallest Holm-corrected p that n paired seeds can ever give among m primary contrasts: the exact
+    two-sided sign-flip p when every pair agrees in sign (2 / 2^n), times m (Holm's first step); 1 without seeds."""
+    return min(1.0, max(m, 1) * 2.0 / 2 ** n) if n else 1.0
+
+
+def seeds_needed(m: int, alpha: float = ALPHA) -> int:
+    """The fewest paired seeds whose ``holm_floor`` is below ``alpha`` with m primary contrasts (1: 6, 2-3: 7)."""
+    return next(k for k in range(1, 64) if holm_floor(k, m) < alpha)
+
+
 def verdict(p_adjusted: float | None, ci_low: float | None, ci_high: float | None, expect: str,
             alpha: float = ALPHA) -> str:
     """supported / contradicted / inconclusive (module docstring); ``expect``: "higher" or "lower" (the
@@ -220,5 +231,5 @@ def hierarchical_ci(variant: dict, baseline: dict, variant_docs: dict | None = N
 
 
 __all__ = ["Summary", "PairedDiff", "summarize", "bootstrap_ci", "paired_difference", "N_RESAMPLES",
-           "BOOTSTRAP_SEED", "LEVEL", "ALPHA", "DocData", "sign_flip_p", "holm", "verdict", "hierarchical_ci",
-           "VERDICTS"]
+           "BOOTSTRAP_SEED", "LEVEL", "ALPHA", "DocData", "sign_flip_p", "holm", "holm_floor", "seeds_needed",
+           "verdict", "hierarchical_ci", "VERDICTS"]

@@ -222,33 +222,32 @@ def variant_seeds(cfg: SweepConfig, name: str) -> list[int]:
     return list(cfg.seeds)
 
 
-ALPHA = 0.05
-
-
 def significance_floors(cfg: SweepConfig) -> list[tuple[int, str, str, int, float]]:
     """For each primary contrast: (index, variant, baseline, n, floor), where n is the number of seeds both
     variants run at (the paired seeds the report's sign-flip test uses) and floor the smallest Holm-corrected p it
     can ever report: the exact two-sided sign-flip p when every pair agrees in sign, 2 / 2^n, times the number of
     primary contrasts m (Holm's first step). A floor >= 0.05 means the verdict can only be "inconclusive", whatever
     the data: e.g. 6 seeds suffice for one contrast (0.031) but not for two (0.0625), which need 7 (0.031)."""
+    from mlm_core.report.stats import holm_floor      # numpy: not at `mlm` start-up
     contrasts = cfg.primary.contrasts if cfg.primary else []
     m = len(contrasts)
     out = []
     for i, c in enumerate(contrasts):
         base = c.baseline or cfg.baseline or ""
         n = len(set(variant_seeds(cfg, c.variant)) & set(variant_seeds(cfg, base)))
-        out.append((i, c.variant, base, n, min(1.0, m * 2.0 / 2 ** n) if n else 1.0))
+        out.append((i, c.variant, base, n, holm_floor(n, m)))
     return out
 
 
 def underpowered(cfg: SweepConfig, path: str | Path) -> list[str]:
     """One line per primary contrast whose significance floor is >= 0.05 (``significance_floors``), naming the
     seeds it needs; ``load_sweep`` logs them as warnings (a small exploratory sweep may be meant that way)."""
+    from mlm_core.report.stats import ALPHA, seeds_needed
     m = len(cfg.primary.contrasts) if cfg.primary else 0
     lines = []
     for i, variant, base, n, floor in significance_floors(cfg):
         if floor >= ALPHA:
-            need = next(k for k in range(1, 64) if m * 2.0 / 2 ** k < ALPHA)
+            need = seeds_needed(m)
             lines.append(f"{path}: primary.contrasts.{i} ({variant} vs {base}): {n} paired seed(s) and {m} primary "
                          f"contrast(s): the smallest Holm-corrected p is {floor:.3g} >= {ALPHA}, so its verdict can "
                          f"only be inconclusive; give both variants at least {need} common seeds")
