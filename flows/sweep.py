@@ -10,7 +10,11 @@
    store's per-output lock (``mlm_core.locks``) makes a second run wait for the first and reuse its output.
 4. Resumable: a run whose every stage output is stored is skipped; a rerun finishes what is missing (stages
    reuse complete outputs, training resumes from its checkpoints). A failed run does not stop the others; the
-   sweep then fails naming each failed run and its log.
+   sweep then fails naming each failed run and its log. A child whose work is stored but not recorded (exit 4,
+   an MLflow or Prefect outage; SQLite answers 503 under load) is ``unrecorded`` in plan.json: it runs once
+   more at the end of the sweep and, if still unrecorded, on the next ``mlm sweep`` (every stage reused), so
+   each run ends with its MLflow run; ``mlm sweep`` exits 4 while any is left. So does a stored run that
+   plan.json left "running" (a sweep killed between its child storing register and ending its MLflow run).
 5. The report (``tasks.sweep_report.publish_report``, what ``mlm report SWEEP.yaml`` rebuilds): written under
    ``<workdir>/sweeps/<name>/report/``, logged to the sweep's MLflow run, published as a Prefect artifact.
 """
@@ -29,6 +33,7 @@ from mlm_core.sweep import load_sweep
 from mlm_core.sweep.plan import plan_document, plan_sweep, table_lines, write_plan
 
 log = logging.getLogger(__name__)
+UNRECORDED = "unrecorded"     # plan.json status: the run's work is stored, its record (MLflow/Prefect) is not
 
 SweepPath = Annotated[str, Field(description="Sweep YAML file (relative to the working directory); its `base` "
                                              "names the pipeline config.")]
@@ -69,7 +74,13 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
                                           "baseline": cfg.baseline, "match": cfg.match, "metrics": cfg.metrics,
                                           "concurrency": cfg.concurrency, "overrides": overrides},
                            previous_run_id=(read_plan(sweep) or {}).get("mlflow_run_id"))
-    status = {rp.run.key: "done" if rp.done else "pending" for rp in sp.runs}
+    # a run whose every stage is stored is complete only if its pipeline run ended too. It did not when plan.json
+    # says "unrecorded" (exit 4: an MLflow or Prefect outage), "running" (the sweep was killed while its child
+    # was between storing register and ending its MLflow run) or "failed": such a run runs again, every stage
+    # reused, so that MLflow and Prefect get its finished run
+    before = {f"{v['name']}@seed{v['seed']}": v.get("status") for v in (read_plan(sweep) or {}).get("variants", [])}
+    record = {rp.run.key for rp in sp.runs if rp.done and before.get(rp.run.key) in (UNRECORDED, "running", "failed")}
+    status = {rp.run.key: "done" if rp.done and rp.run.key not in record else "pending" for rp in sp.runs}
     logs: dict[str, str] = {}
     lock = threading.Lock()
 
@@ -101,7 +112,9 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
                 # failed gates are the run's result, not a failed run; work complete but not recorded (an MLflow
                 # or Prefect outage, `mlm sync` records it) is done work too
                 ok = code in (0, EXIT_GATES_FAILED, EXIT_NOT_RECORDED)
-                if not ok:
+                if code == EXIT_NOT_RECORDED:
+                    logs[run.key] = f"{tail(out)} (log: {out})"
+                elif not ok:
                     logs[run.key] = f"exit {code}: {tail(out)} (log: {out})"
         except Exception as exc:  # noqa: BLE001 - one failed run does not stop the sweep
             from mlm_core.train.signals import Interrupted
@@ -110,15 +123,20 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
             logs[run.key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         finally:
             with lock:
-                status[run.key] = "done" if ok else "failed"
+                status[run.key] = ("failed" if not ok else UNRECORDED if run.key in logs else "done")
+                state = status[run.key]
             save()
-        echo(f"{run.variant} seed {run.seed}: {'done' if ok else 'FAILED ' + logs.get(run.key, '')}")
+        echo(f"{run.variant} seed {run.seed}: " + {"done": "done", "failed": "FAILED " + logs.get(run.key, ""),
+                                                   UNRECORDED: "work stored, NOT RECORDED " + logs.get(run.key, "")
+                                                   }[state])
         if after_run is not None:
             after_run(run, status[run.key])
 
-    pending = sp.pending()
+    pending = [rp for rp in sp.runs if not rp.done or rp.run.key in record]
     doc = save()
     echo(f"\n{len(sp.runs) - len(pending)} run(s) stored, {len(pending)} to run"
+         + (f" ({len(record)} stored but not recorded as finished: they run again, every stage reused)"
+            if record else "")
          + (f", {cfg.concurrency} at a time" if cfg.concurrency > 1 and pending else ""))
     api_url = None
     if cfg.concurrency > 1 and pending:
@@ -131,6 +149,12 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
                 one(rp)
         elif pending:
             _run_pool(cfg.concurrency, one, pending)
+        again_now = [rp for rp in pending if status[rp.run.key] == UNRECORDED]
+        if again_now:        # an outage under load is often over by now: record them once more, one at a time
+            echo(f"recording again {len(again_now)} run(s) whose work is stored but not recorded")
+            for rp in again_now:
+                logs.pop(rp.run.key, None)
+                one(rp)
     except BaseException:
         tracker.finish(save(), "FAILED")
         raise
@@ -138,6 +162,10 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
     doc = save()
     failed = [k for k, s in status.items() if s == "failed"]
     again = " ".join([sweep_path] + [f"--set {w}" for w in overrides])
+    unrecorded = [k for k, s in status.items() if s == UNRECORDED]
+    if unrecorded:
+        echo(f"{len(unrecorded)} run(s) complete but NOT RECORDED in MLflow/Prefect ({', '.join(unrecorded)}); "
+             f"once the servers answer, rerun `mlm sweep {again}` to record them (every stage is reused)")
     report_error = _report(sweep, doc, tracker, echo)
     tracker.finish(doc, "FAILED" if failed or report_error else "FINISHED")
     if failed:
@@ -213,4 +241,4 @@ def sweep_flow(sweep_path: SweepPath = "configs/sweeps/demo.yaml", dry_run: DryR
     return run_sweep(sweep_path, dry_run=dry_run, concurrency=concurrency, overrides=overrides)
 
 
-__all__ = ["run_sweep", "sweep_flow", "SweepFailed"]
+__all__ = ["run_sweep", "sweep_flow", "SweepFailed", "UNRECORDED"]

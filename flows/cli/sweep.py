@@ -34,9 +34,11 @@ def cmd_sweep(args) -> int:
     finally:
         signals.restore(previous)
     runs = doc["variants"]
-    print(f"\nsweep {doc['name']}: {sum(r['status'] == 'done' for r in runs)}/{len(runs)} run(s) done; "
-          f"plan: {sweep.state_dir / 'plan.json'}", file=sys.stdout)
-    return 0
+    unrecorded = sum(r["status"] == "unrecorded" for r in runs)
+    print(f"\nsweep {doc['name']}: {sum(r['status'] == 'done' for r in runs)}/{len(runs)} run(s) done"
+          + (f", {unrecorded} stored but not recorded" if unrecorded else "")
+          + f"; plan: {sweep.state_dir / 'plan.json'}", file=sys.stdout)
+    return guard.EXIT_NOT_RECORDED if unrecorded else 0   # 4, as `mlm run`: work complete, not recorded
 
 
 def add_parser(sub) -> None:

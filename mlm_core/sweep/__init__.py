@@ -239,6 +239,9 @@ def significance_floors(cfg: SweepConfig) -> list[tuple[int, str, str, int, floa
     return out
 
 
+_warned: set[str] = set()
+
+
 def underpowered(cfg: SweepConfig, path: str | Path) -> list[str]:
     """One line per primary contrast whose significance floor is >= 0.05 (``significance_floors``), naming the
     seeds it needs; ``load_sweep`` logs them as warnings (a small exploratory sweep may be meant that way)."""
@@ -320,7 +323,9 @@ def load_sweep(path: str | Path, concurrency: int | None = None, overrides: list
         if c.variant == base_name:
             raise SweepError(f"{path}: primary.contrasts.{i}: variant and baseline are both {c.variant!r}")
     for line in underpowered(cfg, path):
-        log.warning("%s", line)
+        if line not in _warned:      # once per process: `mlm sweep` loads the file, then its flow loads it again
+            _warned.add(line)
+            log.warning("%s", line)
     loaded: dict[str, LoadedConfig] = {}
     for name, settings in variants:
         shared = [k for k in settings if _is_shared(k)]
