@@ -66,6 +66,7 @@ class SweepTracker:
         c.update_run(run_id, status="RUNNING")
         c.set_tag(run_id, "mlm.resumed", str(int(r.data.tags.get("mlm.resumed", "0")) + 1))
         self.tracker._parent = run_id          # end_pipeline closes it
+        close_orphans(self.tracker, run_id)
         return run_id
 
     def link(self, sweep, run) -> dict:
@@ -78,6 +79,30 @@ class SweepTracker:
         if self.run_id is not None:
             self.tracker.log_text(self.run_id, json.dumps(plan_doc, indent=2, default=str), "sweep/plan.json")
         self.tracker.end_pipeline(status)
+
+
+def close_orphans(tracker, run_id: str) -> list[str]:
+    """A resumed sweep's MLflow runs that a killed sweep left RUNNING, their process gone (a child killed between
+    storing its stages and ending its run; the stage runs under it): KILLED, so the MLflow UI shows none as still
+    going. Runs of a live process (another `mlm sweep` of the same file) are left alone. Returns the closed ids."""
+    from tasks.tracking.sync import orphaned
+    c, exp = tracker.client, tracker.experiment_id
+    parent_of: dict[str, str | None] = {}
+
+    def under_sweep(r) -> bool:        # the run descends from the sweep's run (pipeline run, stage run)
+        rid, hops = r.data.tags.get("mlflow.parentRunId"), 0
+        while rid and rid != run_id and hops < 4:
+            if rid not in parent_of:
+                parent_of[rid] = c.get_run(rid).data.tags.get("mlflow.parentRunId")
+            rid, hops = parent_of[rid], hops + 1
+        return rid == run_id
+    closed = []
+    for r in c.search_runs([exp], "attributes.status = 'RUNNING'", max_results=1000):
+        if r.info.run_id != run_id and orphaned(r) and under_sweep(r):
+            c.set_terminated(r.info.run_id, status="KILLED")
+            log.info("sweep: closed %s (KILLED): its process is gone", r.info.run_name or r.info.run_id)
+            closed.append(r.info.run_id)
+    return closed
 
 
 def _die_with_parent(parent: int):
@@ -207,4 +232,4 @@ def publish_plan(lines: list[str], name: str) -> None:
         log.warning("sweep plan artifact not published: %s", exc)
 
 
-__all__ = ["SweepTracker", "run_child", "stop_children", "allow_children", "stopping", "child_command", "prefect_api_url", "publish_plan", "log_file", "tail"]
+__all__ = ["SweepTracker", "close_orphans", "run_child", "stop_children", "allow_children", "stopping", "child_command", "prefect_api_url", "publish_plan", "log_file", "tail"]

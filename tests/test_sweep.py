@@ -399,6 +399,8 @@ def test_cli_kill9_midway_then_rerun_finishes_with_concurrency(tmp_path):
     logs = {q.name: q.read_text()[-1500:] for q in (tmp_path / "work" / "sweeps" / "s" / "logs").glob("*.log")}
     assert {r.data.tags["variant"] for r in nested if r.info.status == "FINISHED"} == {"a", "b", "c"}, \
         ([(r.data.tags.get("variant"), r.info.status) for r in nested], r.stdout[-2000:], logs)
+    # the killed sweep's children that never ended their runs are closed by the rerun: nothing shows as going
+    assert not [(x.info.run_name, x.data.tags.get("stage")) for x in runs if x.info.status == "RUNNING"]
 
 
 def test_flow_form_is_typed_and_described():
@@ -532,3 +534,46 @@ def test_set_overrides_every_run_before_the_variants(tmp_path, capsys):
     f = _sweep(tmp_path, {"variants": [{"name": "a", "set": {"registry.model_name": "mine"}}, {"name": "b"}]})
     assert [load_sweep(f).load_run(r).config.registry.model_name for r in load_sweep(f).runs] == [
         "mine", "sweeptest-model-sweep-s"]
+
+
+def test_a_resumed_sweep_closes_the_runs_its_killed_children_left_running(tmp_path):
+    """``close_orphans``: under the sweep's MLflow run, a pipeline run and its stage run left RUNNING by a process
+    that is gone become KILLED; a RUNNING run of a live process (another sweep of the same file), a run of
+    another sweep, and finished runs are left as they are. The runs are made here with MLflow's own client."""
+    import socket
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    from mlm_core.config import TrackingConfig
+    from tasks.sweep import close_orphans
+    from tasks.tracking.tracker import Tracker
+    tr = Tracker(TrackingConfig(experiment="orphans"), tmp_path / "w")
+    c: MlflowClient = tr.client
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    host = socket.gethostname()
+
+    def run(parent: str | None, pid: str, status: str = "RUNNING") -> str:
+        tags = {"mlm.pid": pid, "mlm.host": host, **({"mlflow.parentRunId": parent} if parent else {})}
+        rid = c.create_run(tr.experiment_id, tags=tags).info.run_id
+        if status != "RUNNING":
+            c.set_terminated(rid, status=status)
+        return rid
+    try:
+        sweep, other = run(None, dead), run(None, dead)
+        killed = run(sweep, dead)
+        killed_stage = run(killed, dead)
+        finished = run(sweep, dead, "FINISHED")
+        live_run = run(sweep, str(live.pid))
+        other_child = run(other, dead)
+        assert sorted(close_orphans(tr, sweep)) == sorted([killed, killed_stage])
+        status = {rid: c.get_run(rid).info.status for rid in (sweep, killed, killed_stage, finished, live_run,
+                                                              other_child)}
+        assert status == {sweep: "RUNNING", killed: "KILLED", killed_stage: "KILLED", finished: "FINISHED",
+                          live_run: "RUNNING", other_child: "RUNNING"}
+    finally:
+        live.kill()
+        live.wait()

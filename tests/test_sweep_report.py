@@ -157,6 +157,22 @@ def test_missing_runs_are_reported_not_dropped(tmp_path):
     assert res["tables"]["en.top1"][0]["n"] == 3
 
 
+def test_crows_distance_is_the_distance_from_the_neutral_50_on_either_side(tmp_path):
+    """``<lang>.crows_distance`` = |crows_score - 50|: 46.3 and 53.7 are equally far from neutral (3.7), so a
+    mitigation that moves 52 to 48 is not "less biased" by it; values worked by hand."""
+    from mlm_core.report.collect import collect
+    sweep = _store(tmp_path)
+    audit = sweep.parent.parent / "audit"
+    for fp, score in (("amlm0", 46.3), ("amlm1", 53.7), ("amlm2", 50.0)):
+        (audit / fp / "manifest.json").write_text(json.dumps({"metrics": {"en.crows_score": score}, "crows": []}))
+    _, runs = collect(sweep)
+    got = {(r.variant, r.seed): r.metrics.get("en.crows_distance") for r in runs}
+    assert got[("mlm", 0)] == pytest.approx(3.7) and got[("mlm", 1)] == pytest.approx(3.7)
+    assert got[("mlm", 2)] == 0.0
+    assert got[("electra", 0)] == pytest.approx(10 * 0.6)       # 50 + 10 x top1 in _store
+    assert not any(k.endswith(".crows_distance") and not k.startswith("en.") for r in runs for k in r.metrics)
+
+
 def test_expand_metrics_one_component_per_star():
     class R:
         metrics = {"en.top1": 1, "pretrain.en.top1": 1, "upos.fr.score": 1, "upos.mean.score": 1}

@@ -9,7 +9,8 @@ A run's metrics (one flat dict, the names the manifests use):
   * evaluate's ``metrics`` (``<lang>.top1``, ``<lang>.pseudo_perplexity``, ``upos.<lang>.score``, ...), plus
     ``<task>.source_score`` (the fine-tuned source language's own score) and ``<task>.mean.score`` (the mean over
     the target languages other than the source language);
-  * audit's ``metrics`` (``<lang>.crows_score``, ...);
+  * audit's ``metrics`` (``<lang>.crows_score``, ...), plus ``<lang>.crows_distance`` = |crows_score - 50|, the
+    distance from a neutral model's score (lower is more neutral on either side of 50);
   * pretrain's ``metrics`` prefixed ``pretrain.`` (``pretrain.final_loss``, ``pretrain.<lang>.val_loss``...);
   * language groups by training-data size (the shards stage's train tokens per language): ``small3.<m>`` = the
     mean of ``<lang>.<m>`` over the 3 smallest languages, ``large2.<m>`` over the 2 largest (with >= 5 languages;
@@ -50,6 +51,7 @@ RTD_BASELINE_AUC = 0.5
 # evaluate.span_fill: whole-span exact match and its unigram baseline (per document: span_documents.parquet)
 SPAN_METRICS = ("span_exact", "span_baseline_exact")
 LANG = r"[a-z]{2,3}"
+CROWS_NEUTRAL = 50.0       # CrowS-Pairs: the score of a model that prefers neither sentence of a pair
 DOC_TOLERANCE = 1e-4       # per-document data must give back the stored metric (scores are rounded to 5 decimals)
 
 
@@ -187,6 +189,14 @@ def _rtd_controls(metrics: dict) -> dict:
     """``<lang>.rtd_baseline_auc`` (the all-original baseline's AUC, 0.5) for every ``<lang>.rtd_auc``."""
     return {f"{k[:-len('.rtd_auc')]}.rtd_baseline_auc": RTD_BASELINE_AUC for k, v in metrics.items()
             if re.fullmatch(rf"{LANG}\.rtd_auc", k) and isinstance(v, (int, float))}
+
+
+def _crows_distance(metrics: dict) -> dict:
+    """``<lang>.crows_distance`` = |crows_score - 50| for every ``<lang>.crows_score``: how far from neutral. On
+    CrowS-Pairs an unbiased model scores 50 (Nangia et al. 2020), so "lower score" means "less biased" only above
+    50; a mitigation that takes 52 to 46 is not more neutral (issue 21: the bias sweep's 52.0 -> 48.3)."""
+    return {f"{k[:-len('.crows_score')]}.crows_distance": abs(float(v) - CROWS_NEUTRAL) for k, v in metrics.items()
+            if re.fullmatch(rf"{LANG}\.crows_score", k) and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _table(path: Path):
@@ -351,6 +361,7 @@ def collect(sweep_dir: Path, plan: dict | None = None) -> tuple[dict, list[Run]]
                                 if isinstance(c, dict) and c.get("source_lang")}
         if "audit" in arts:
             run.metrics |= dict(arts["audit"].metrics or {})
+            run.metrics |= _crows_distance(run.metrics)
         if fps.get("shards") and store.is_complete("shards", fps["shards"]):
             shards: ShardSet = store.load("shards", fps["shards"])
             langs = shards.languages or {}

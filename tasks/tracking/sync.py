@@ -49,7 +49,7 @@ def _missing_points(client, run_id: str, points: list) -> list:
     return out
 
 
-def _orphaned(run) -> bool:
+def orphaned(run) -> bool:
     """A RUNNING run whose mlm process (same host) no longer exists (or is this very process: `mlm sync`
     itself leaves no run open, so one of its own is left over, e.g. in a test)."""
     from mlm_core.store import pid_alive
@@ -138,7 +138,7 @@ def sync(lc) -> dict:
     running = c.search_runs([tr.experiment_id], "attributes.status = 'RUNNING'", max_results=1000)
     for r in running:
         st, fp = r.data.tags.get("stage"), r.data.tags.get("fingerprint")
-        if st in order and fp and (_orphaned(r) or r.info.run_id in ends):
+        if st in order and fp and (orphaned(r) or r.info.run_id in ends):
             targets[(st, fp)] = None
     for name, p in stages.plan(lc, store).items():
         if p.status == "done":
@@ -164,7 +164,7 @@ def sync(lc) -> dict:
         else:
             run_id = run.info.run_id
         replay.fill(name, art, run_id)
-        if run is not None and run.info.status == "RUNNING" and (run_id in ends or _orphaned(run)):
+        if run is not None and run.info.status == "RUNNING" and (run_id in ends or orphaned(run)):
             entry = ends.get(run_id)
             status = (entry or {}).get("status") or "FINISHED"   # its output is complete: the work finished
             c.set_terminated(run_id, status=status, end_time=_end_time(entry, art))
@@ -176,7 +176,7 @@ def sync(lc) -> dict:
     # what is still RUNNING with its process gone: pipeline runs, and stage runs whose output never completed
     for r in c.search_runs([tr.experiment_id], "attributes.status = 'RUNNING'", max_results=1000):
         rid = r.info.run_id
-        if not (rid in ends or _orphaned(r)):
+        if not (rid in ends or orphaned(r)):
             continue                            # a live run of another process
         entry = ends.get(rid)
         status = (entry or {}).get("status") or "FAILED"      # never reached its end: killed
@@ -199,4 +199,4 @@ def sync(lc) -> dict:
     return report
 
 
-__all__ = ["sync"]
+__all__ = ["sync", "orphaned"]
