@@ -157,6 +157,18 @@ def test_missing_runs_are_reported_not_dropped(tmp_path):
     assert res["tables"]["en.top1"][0]["n"] == 3
 
 
+def test_a_variant_with_its_own_seeds_is_counted_against_them(tmp_path):
+    """A variant that declares its own `seeds` (bias_mitigation: 7 for the primary arms, 3 for the others) is
+    "n/3", with its own seeds missing, not "0/7" listing seeds it never had (as the 2026-12-05 report did)."""
+    sweep = _store(tmp_path, skip={("electra", 1, "evaluate")})
+    plan = json.loads((sweep / "plan.json").read_text())
+    plan["variants"] = [v for v in plan["variants"] if not (v["name"] == "electra" and v["seed"] == 2)]
+    (sweep / "plan.json").write_text(json.dumps(plan))
+    rows = {r["variant"]: r for r in build_report(sweep)["tables"]["en.top1"]}
+    assert (rows["electra"]["n"], rows["electra"]["of"], rows["electra"]["missing_seeds"]) == (1, 2, [1])
+    assert (rows["mlm"]["n"], rows["mlm"]["of"], rows["mlm"]["missing_seeds"]) == (3, 3, [])
+
+
 def test_crows_distance_is_the_distance_from_the_neutral_50_on_either_side(tmp_path):
     """``<lang>.crows_distance`` = |crows_score - 50|: 46.3 and 53.7 are equally far from neutral (3.7), so a
     mitigation that moves 52 to 48 is not "less biased" by it; values worked by hand."""

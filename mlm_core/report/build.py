@@ -115,8 +115,10 @@ def metric_table(metric: str, runs, variants: list[str], baseline: str | None, s
         vc = contrast(runs, metric, v, ctrl[0], control=True) if ctrl else None
         # complete runs, none holding the metric: the variant does not report it (MLM has no rtd_acc), not missing
         absent = bool(vals) and not present
-        rows.append({"variant": v, "n": s.n, "of": len(seeds), "mean": s.mean, "std": s.std,
-                     "missing_seeds": [] if absent else [x for x in seeds if x not in present], "diff": d,
+        # the variant's own seeds (a sweep may give a variant its own `seeds`), else the sweep's
+        own = sorted({r.seed for r in runs if r.variant == v}) or seeds
+        rows.append({"variant": v, "n": s.n, "of": len(own), "mean": s.mean, "std": s.std,
+                     "missing_seeds": [] if absent else [x for x in own if x not in present], "diff": d,
                      "vs_control": vc if vc and vc["n"] else None, "not_reported": absent})
     if ctrl:
         per = {v: stats.summarize(_values(runs, v, ctrl[0]).values()) for v in variants}
