@@ -42,6 +42,10 @@ Overrides = Annotated[list[str], Field(description="Base config overrides KEY.PA
                                        "before the variant's own, e.g. pretrain.steps=20000 (scale-up).")]
 Concurrency = Annotated[Optional[int], Field(default=None, ge=1, description="Runs at once (empty: the sweep "
                                                                                 "file's `concurrency`).")]
+Variants = Annotated[list[str], Field(description="Run only these variants (empty: all), e.g. the primary "
+                                                  "contrasts first; the report still covers every run.")]
+Seeds = Annotated[list[int], Field(description="Run only these seeds (empty: all), e.g. 0-2 here and 3-5 on "
+                                               "another machine sharing the workdir.")]
 
 
 class SweepFailed(MlmError):
@@ -50,13 +54,17 @@ class SweepFailed(MlmError):
 
 def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = None,
               echo: Callable[[str], None] = print, after_run: Callable | None = None,
-              overrides: list[str] | None = None) -> dict:
+              overrides: list[str] | None = None, variants: list[str] | None = None,
+              seeds: list[int] | None = None) -> dict:
     """Plan, show, then run the sweep (module docstring). Returns the plan document (plan.json's content).
 
     ``overrides``: ``--set`` words applied to every run's base config (``mlm_core.sweep.load_sweep``).
+    ``variants`` / ``seeds``: run only these (``Sweep.select``; e.g. the primary contrasts first, or one seed
+    range per machine); the plan, plan.json and the report still cover every run.
     ``after_run(run, status)`` is called after each run finishes (tests stop a sweep midway with it)."""
     overrides = list(overrides or [])
     sweep = load_sweep(sweep_path, concurrency, overrides)
+    chosen = sweep.select(variants, seeds)
     sp = plan_sweep(sweep)
     lines = table_lines(sp)
     for line in lines:
@@ -81,6 +89,9 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
     before = {f"{v['name']}@seed{v['seed']}": v.get("status") for v in (read_plan(sweep) or {}).get("variants", [])}
     record = {rp.run.key for rp in sp.runs if rp.done and before.get(rp.run.key) in (UNRECORDED, "running", "failed")}
     status = {rp.run.key: "done" if rp.done and rp.run.key not in record else "pending" for rp in sp.runs}
+    for rp in sp.runs:     # a run not selected keeps what plan.json said (another `mlm sweep --seeds` may run it)
+        if rp.run.key not in chosen and before.get(rp.run.key) in ("running", "failed", UNRECORDED):
+            status[rp.run.key] = before[rp.run.key]
     logs: dict[str, str] = {}
     lock = threading.Lock()
 
@@ -132,9 +143,11 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
         if after_run is not None:
             after_run(run, status[run.key])
 
-    pending = [rp for rp in sp.runs if not rp.done or rp.run.key in record]
+    pending = [rp for rp in sp.runs if (not rp.done or rp.run.key in record) and rp.run.key in chosen]
+    left = sum(1 for rp in sp.runs if (not rp.done or rp.run.key in record) and rp.run.key not in chosen)
     doc = save()
-    echo(f"\n{len(sp.runs) - len(pending)} run(s) stored, {len(pending)} to run"
+    echo(f"\n{len(sp.runs) - len(pending) - left} run(s) stored, {len(pending)} to run"
+         + (f", {left} not selected (--variants/--seeds)" if left else "")
          + (f" ({len(record)} stored but not recorded as finished: they run again, every stage reused)"
             if record else "")
          + (f", {cfg.concurrency} at a time" if cfg.concurrency > 1 and pending else ""))
@@ -229,7 +242,8 @@ def _run_here(sweep, run, link: dict) -> bool:
 @flow(name="mlm-sweep", description="Run every variant x seed of a sweep through the pipeline, sharing stored "
                                     "stages; resumable.")
 def sweep_flow(sweep_path: SweepPath = "configs/sweeps/demo.yaml", dry_run: DryRun = False,
-               concurrency: Concurrency = None, overrides: Overrides = []) -> dict:  # noqa: B006
+               concurrency: Concurrency = None, overrides: Overrides = [],  # noqa: B006
+               variants: Variants = [], seeds: Seeds = []) -> dict:  # noqa: B006
     """Plan a sweep, show which stages are shared, then run what is missing.
 
     Args:
@@ -237,8 +251,11 @@ def sweep_flow(sweep_path: SweepPath = "configs/sweeps/demo.yaml", dry_run: DryR
         dry_run: Only plan and show the table (nothing runs, nothing is written).
         concurrency: Runs at once; empty: the sweep file's `concurrency`.
         overrides: Base config overrides KEY.PATH=VALUE (YAML syntax) applied to every run, e.g. pretrain.steps=20000.
+        variants: Run only these variants (empty: all).
+        seeds: Run only these seeds (empty: all).
     """
-    return run_sweep(sweep_path, dry_run=dry_run, concurrency=concurrency, overrides=overrides)
+    return run_sweep(sweep_path, dry_run=dry_run, concurrency=concurrency, overrides=overrides,
+                     variants=list(variants or []), seeds=list(seeds or []))
 
 
 __all__ = ["run_sweep", "sweep_flow", "SweepFailed", "UNRECORDED"]

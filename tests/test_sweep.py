@@ -407,7 +407,8 @@ def test_flow_form_is_typed_and_described():
     """The Prefect UI renders the mlm-sweep form from the flow's parameter schema."""
     from flows.sweep import sweep_flow
     props = sweep_flow.parameters.model_dump()["properties"]
-    assert set(props) == {"sweep_path", "dry_run", "concurrency", "overrides"}
+    assert set(props) == {"sweep_path", "dry_run", "concurrency", "overrides", "variants", "seeds"}
+    assert props["seeds"]["items"]["type"] == "integer" and props["variants"]["items"]["type"] == "string"
     assert props["overrides"]["type"] == "array" and props["overrides"]["items"]["type"] == "string"
     assert props["sweep_path"]["type"] == "string" and props["dry_run"]["type"] == "boolean"
     assert {"type": "integer", "minimum": 1} in props["concurrency"]["anyOf"]
@@ -479,6 +480,44 @@ def test_a_run_not_recorded_is_retried_once_then_left_unrecorded(tmp_path, monke
     assert "never seed 0: work stored, NOT RECORDED error: the Prefect API answered 503" in text, text
     assert f"1 run(s) complete but NOT RECORDED in MLflow/Prefect (never@seed0); once the servers answer, rerun " \
            f"`mlm sweep {f}` to record them" in text, text
+
+
+def test_variants_and_seeds_select_the_runs_that_run(tmp_path, monkeypatch):
+    """`mlm sweep --variants/--seeds` (and the flow's `variants`/`seeds`): only the selected runs start; plan.json
+    still lists every run (the others pending); unknown names or seeds, and a selection of nothing, are errors
+    naming what the sweep has. Children are markers: what is tested is which runs the sweep starts."""
+    import sys
+
+    from flows.cli.sweep import _seeds
+    from flows.sweep import run_sweep
+    from tasks import sweep as tsweep
+    base = write_en_ru_config(tmp_path, "select", 10, tracking={"enabled": False})
+    f = _sweep(tmp_path, {"variants": [{"name": "a"}, {"name": "b", "set": {"pretrain.lr": 0.002}},
+                                       {"name": "c", "set": {"pretrain.lr": 0.003}, "seeds": [0]}],
+                          "seeds": [0, 1, 2], "concurrency": 2}, base=base)
+    started = tmp_path / "started"
+    monkeypatch.setattr(tsweep, "child_command", lambda sweep, run: [
+        sys.executable, "-c", f"open({str(started)!r}, 'a').write({run.key!r} + '\\n')"])
+    lines: list[str] = []
+    doc = run_sweep(str(f), echo=lines.append, variants=["b", "c"], seeds=[0, 2])
+    assert sorted(started.read_text().split()) == ["b@seed0", "b@seed2", "c@seed0"]
+    assert {f"{v['name']}@seed{v['seed']}": v["status"] for v in doc["variants"]} == {
+        "a@seed0": "pending", "a@seed1": "pending", "a@seed2": "pending", "b@seed0": "done", "b@seed1": "pending",
+        "b@seed2": "done", "c@seed0": "done"}
+    assert "0 run(s) stored, 3 to run, 4 not selected (--variants/--seeds), 2 at a time" in "\n".join(lines)
+    sw = load_sweep(f)
+    with pytest.raises(SweepError, match=r"--variants x,y: not a variant of this sweep \(variants: a, b, c\)"):
+        sw.select(["a", "x", "y"])
+    with pytest.raises(SweepError, match=r"--seeds 7: no run of this sweep has that seed \(seeds: 0, 1, 2\)"):
+        sw.select(None, [0, 7])
+    with pytest.raises(SweepError, match="select no run"):
+        sw.select(["c"], [1])
+    assert sw.select(["c"]) == {"c@seed0"} and len(sw.select()) == 7
+    assert _seeds("0-2,5, 1") == [0, 1, 2, 5] and _seeds(None) == []
+    with pytest.raises(SweepError, match=r"--seeds 0-x: '0-x' is not a seed or a range like 0-2"):
+        _seeds("0-x")
+    from flows.cli import main
+    assert main(["sweep", str(f), "--dry-run", "--variants", "nope"]) == 2
 
 
 def test_match_tokens_sets_steps_from_the_baseline(tmp_path):

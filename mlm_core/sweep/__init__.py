@@ -191,6 +191,25 @@ class Sweep:
     def load_run(self, run: SweepRun) -> LoadedConfig:
         return load_config(self.base_path, list(run.overrides))
 
+    def select(self, variants: list[str] | None = None, seeds: list[int] | None = None) -> set[str]:
+        """The keys of the runs ``mlm sweep --variants A,B --seeds 0,1`` runs (None/empty: all of that axis); an
+        unknown variant or seed is a ``SweepError`` naming what the sweep has. Planning, plan.json and the report
+        still cover every run: the others are left as they are (stored, or pending for another invocation)."""
+        names, have = self.variant_names, sorted({r.seed for r in self.runs})
+        bad = [v for v in variants or () if v not in names]
+        if bad:
+            raise SweepError(f"{self.path}: --variants {','.join(bad)}: not a variant of this sweep "
+                             f"(variants: {', '.join(names)})")
+        bad_seeds = [s for s in seeds or () if s not in have]
+        if bad_seeds:
+            raise SweepError(f"{self.path}: --seeds {','.join(map(str, bad_seeds))}: no run of this sweep has that "
+                             f"seed (seeds: {', '.join(map(str, have))})")
+        keys = {r.key for r in self.runs if (not variants or r.variant in variants) and (not seeds or r.seed in seeds)}
+        if not keys:
+            raise SweepError(f"{self.path}: --variants/--seeds select no run (no variant in "
+                             f"{', '.join(variants or names)} runs at seed(s) {', '.join(map(str, seeds or have))})")
+        return keys
+
 
 def override_word(key: str, value: Any) -> str:
     """``key=value`` as ``--set`` takes it: the value in JSON (valid YAML, so it reads back as the same value)."""
