@@ -174,7 +174,9 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
     sp = plan_sweep(sweep)     # plan.json's stage table as stored now, not as it was before the runs
     doc = save()
     failed = [k for k, s in status.items() if s == "failed"]
-    again = " ".join([sweep_path] + [f"--set {w}" for w in overrides])
+    again = " ".join([sweep_path] + [f"--set {w}" for w in overrides]
+                     + ([f"--variants {','.join(variants)}"] if variants else [])
+                     + ([f"--seeds {','.join(map(str, seeds))}"] if seeds else []))
     unrecorded = [k for k, s in status.items() if s == UNRECORDED]
     if unrecorded:
         echo(f"{len(unrecorded)} run(s) complete but NOT RECORDED in MLflow/Prefect ({', '.join(unrecorded)}); "

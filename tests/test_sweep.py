@@ -489,7 +489,7 @@ def test_variants_and_seeds_select_the_runs_that_run(tmp_path, monkeypatch):
     import sys
 
     from flows.cli.sweep import _seeds
-    from flows.sweep import run_sweep
+    from flows.sweep import SweepFailed, run_sweep
     from tasks import sweep as tsweep
     base = write_en_ru_config(tmp_path, "select", 10, tracking={"enabled": False})
     f = _sweep(tmp_path, {"variants": [{"name": "a"}, {"name": "b", "set": {"pretrain.lr": 0.002}},
@@ -505,6 +505,10 @@ def test_variants_and_seeds_select_the_runs_that_run(tmp_path, monkeypatch):
         "a@seed0": "pending", "a@seed1": "pending", "a@seed2": "pending", "b@seed0": "done", "b@seed1": "pending",
         "b@seed2": "done", "c@seed0": "done"}
     assert "0 run(s) stored, 3 to run, 4 not selected (--variants/--seeds), 2 at a time" in "\n".join(lines)
+    # a failed selected run: the retry command keeps the selection
+    monkeypatch.setattr(tsweep, "child_command", lambda sweep, run: [sys.executable, "-c", "raise SystemExit(2)"])
+    with pytest.raises(SweepFailed, match=rf"rerun `mlm sweep {f} --variants a --seeds 1` to retry them"):
+        run_sweep(str(f), echo=lines.append, variants=["a"], seeds=[1])
     sw = load_sweep(f)
     with pytest.raises(SweepError, match=r"--variants x,y: not a variant of this sweep \(variants: a, b, c\)"):
         sw.select(["a", "x", "y"])
