@@ -74,6 +74,7 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
     if dry_run:
         return plan_document(sp)
     from mlm_core.sweep.plan import read_plan
+    previous = read_plan(sweep) or {}
     from tasks.sweep import SweepTracker
     cfg = sweep.config
     tracker = SweepTracker(sweep, params={"sweep_file": sweep_path, "base": str(sweep.base_path), "runs": len(sp.runs),
@@ -81,12 +82,12 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
                                           "seeds": sorted({r.seed for r in sweep.runs}),
                                           "baseline": cfg.baseline, "match": cfg.match, "metrics": cfg.metrics,
                                           "concurrency": cfg.concurrency, "overrides": overrides},
-                           previous_run_id=(read_plan(sweep) or {}).get("mlflow_run_id"))
+                           previous_run_id=previous.get("mlflow_run_id"))
     # a run whose every stage is stored is complete only if its pipeline run ended too. It did not when plan.json
     # says "unrecorded" (exit 4: an MLflow or Prefect outage), "running" (the sweep was killed while its child
     # was between storing register and ending its MLflow run) or "failed": such a run runs again, every stage
     # reused, so that MLflow and Prefect get its finished run
-    before = {f"{v['name']}@seed{v['seed']}": v.get("status") for v in (read_plan(sweep) or {}).get("variants", [])}
+    before = {f"{v['name']}@seed{v['seed']}": v.get("status") for v in previous.get("variants", [])}
     record = {rp.run.key for rp in sp.runs if rp.done and before.get(rp.run.key) in (UNRECORDED, "running", "failed")}
     status = {rp.run.key: "done" if rp.done and rp.run.key not in record else "pending" for rp in sp.runs}
     for rp in sp.runs:     # a run not selected keeps what plan.json said (another `mlm sweep --seeds` may run it)
@@ -111,10 +112,10 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
             status[run.key] = "running"
         save()
         link = tracker.link(sweep, run)
-        ok = False
+        ok = recorded = False
         try:
             if cfg.concurrency == 1:
-                ok = _run_here(sweep, run, link)
+                ok = recorded = _run_here(sweep, run, link)
             else:
                 from tasks.sweep import run_child, tail
                 code, out = run_child(sweep, run, link, api_url)
@@ -123,6 +124,7 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
                 # failed gates are the run's result, not a failed run; work complete but not recorded (an MLflow
                 # or Prefect outage, `mlm sync` records it) is done work too
                 ok = code in (0, EXIT_GATES_FAILED, EXIT_NOT_RECORDED)
+                recorded = code != EXIT_NOT_RECORDED
                 if code == EXIT_NOT_RECORDED:
                     logs[run.key] = f"{tail(out)} (log: {out})"
                 elif not ok:
@@ -134,7 +136,7 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
             logs[run.key] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         finally:
             with lock:
-                status[run.key] = ("failed" if not ok else UNRECORDED if run.key in logs else "done")
+                status[run.key] = ("failed" if not ok else "done" if recorded else UNRECORDED)
                 state = status[run.key]
             save()
         echo(f"{run.variant} seed {run.seed}: " + {"done": "done", "failed": "FAILED " + logs.get(run.key, ""),
@@ -166,7 +168,6 @@ def run_sweep(sweep_path: str, dry_run: bool = False, concurrency: int | None = 
         if again_now:        # an outage under load is often over by now: record them once more, one at a time
             echo(f"recording again {len(again_now)} run(s) whose work is stored but not recorded")
             for rp in again_now:
-                logs.pop(rp.run.key, None)
                 one(rp)
     except BaseException:
         tracker.finish(save(), "FAILED")
