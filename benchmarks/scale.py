@@ -27,6 +27,8 @@ the same; what grows is the per-partition cost: task submission, Prefect task-ru
 the partition folder's files; on the Dask engines the many partitions go in batches, about 3 Dask tasks per
 worker thread, so most of that cost is paid per batch). The Prefect server start (once per job) is reported apart,
 and the 1-minute load average before and after each job (the figures are only comparable at a similar load).
+Engine local also times the shards stage's limit: ``encode_batch`` alone over the same documents and batches
+(``encode_limit``), in the same process after the stages; the issue 23 target is shards >= 0.9x that throughput.
 Targets (issue 10, 2 cores): dask within 15% of local throughput at 1 and 5 GB; worker peak RSS flat from 1 to
 5 GB (+-15%); normalize -> shards at 5 GB without tuning.
 """
@@ -97,6 +99,30 @@ def run_stage(lc, name: str) -> dict:
     return got
 
 
+def encode_limit(lc) -> dict:
+    """The shards stage's limit: the tokenizer's own ``encode_batch`` over the same documents (every language
+    file of the normalize output, ``shards.batch_docs`` at a time, the same rayon threads), nothing else: no
+    flattening, word starts, packing or writing. Only the ``encode_batch`` calls are timed."""
+    import pyarrow.parquet as pq
+    from tokenizers import Tokenizer
+    from mlm_core import stages
+    from mlm_core.shards.encode import prepare_tokenizer
+    plans = stages.plan(lc)
+    store = stages.StageStore(lc.workdir)
+    norm = store.load("normalize", plans["normalize"].fingerprint)
+    tok_art = store.load("tokenizer", plans["tokenizer"].fingerprint)
+    tok = prepare_tokenizer(Tokenizer.from_file(str(Path(tok_art.path) / "tokenizer.json")))
+    sec, tokens = 0.0, 0
+    for f in sorted((Path(norm.path) / "docs").glob("*.parquet")):
+        for b in pq.ParquetFile(f).iter_batches(batch_size=lc.config.shards.batch_docs, columns=["text"]):
+            texts = b.column(0).to_pylist()
+            t0 = time.perf_counter()
+            encs = tok.encode_batch(texts, add_special_tokens=False)
+            sec += time.perf_counter() - t0
+            tokens += sum(len(e) for e in encs)
+    return {"s": round(sec, 2), "tokens": tokens}
+
+
 def job(args) -> None:
     """One fresh process: the stages in order, each timed; prints the JSON result line."""
     from flows.ephemeral import start
@@ -109,6 +135,8 @@ def job(args) -> None:
     out = {"engine": args.engine, "prefect_start_s": round(time.perf_counter() - t0, 2), "stages": {}}
     for name in args.stages.split(","):
         out["stages"][name] = run_stage(lc, name)
+    if args.engine == "local" and "shards" in args.stages.split(","):
+        out["encode_limit"] = encode_limit(lc)
     if args.overhead:          # the shards stage again with few, then many partitions (same server/cluster)
         from tasks.engine import session
         pair = []
@@ -340,6 +368,14 @@ def report(results: list[dict]) -> None:
                      for r in over]))
         print()
         print("Prefect server start (per job): " + ", ".join(f"{r['engine']} {r['prefect_start_s']:.1f} s" for r in over))
+    lim = [r for r in results if "encode_limit" in r]
+    if lim:
+        print()
+        print(table(["corpus", "shards stage s", "encode_batch alone s", "shards / limit (throughput)", "tokens",
+                     "load avg (1 min) before/after"],
+                    [[f"{r['gb']:g} GB", f"{r['stages']['shards']['s']:.1f}", f"{r['encode_limit']['s']:.1f}",
+                      f"{r['encode_limit']['s'] / r['stages']['shards']['s']:.2f}", r["encode_limit"]["tokens"],
+                      "{} / {}".format(*r.get("load", ("-", "-")))] for r in lim]))
 
 
 if __name__ == "__main__":
