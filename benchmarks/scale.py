@@ -135,7 +135,7 @@ def job(args) -> None:
     out = {"engine": args.engine, "prefect_start_s": round(time.perf_counter() - t0, 2), "stages": {}}
     for name in args.stages.split(","):
         out["stages"][name] = run_stage(lc, name)
-    if args.engine == "local" and "shards" in args.stages.split(","):
+    if args.engine == "local" and "shards" in args.stages.split(",") and not args.no_encode_limit:
         out["encode_limit"] = encode_limit(lc)
     if args.overhead:          # the shards stage again with few, then many partitions (same server/cluster)
         from tasks.engine import session
@@ -257,7 +257,7 @@ def stop_cluster(procs: list) -> None:
             p.kill()
 
 
-def run_job(cfg: Path, engine: str, stage_list: str, overhead: tuple | None = None) -> dict:
+def run_job(cfg: Path, engine: str, stage_list: str, overhead: tuple | None = None, encode_limit: bool = True) -> dict:
     """The job in a fresh process, with per-process peak RSS (and the external cluster's, when given)."""
     poller = RssPoller()
     procs: list = []
@@ -269,6 +269,8 @@ def run_job(cfg: Path, engine: str, stage_list: str, overhead: tuple | None = No
         cmd += ["--address", address]
     if overhead:
         cmd += ["--overhead", *map(str, overhead)]
+    if not encode_limit:
+        cmd += ["--no-encode-limit"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": "", "MLM_PROGRESS_INTERVAL": "600"}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
@@ -299,6 +301,8 @@ def main() -> None:
     ap.add_argument("--root", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "mlm-scale"))
     ap.add_argument("--keep", action="store_true", help="keep each run's workdir")
     ap.add_argument("--json", help="also write every result here")
+    ap.add_argument("--no-encode-limit", action="store_true",
+                    help="skip timing encode_batch alone after engine local's stages (it takes about as long as shards)")
     # the job (internal)
     ap.add_argument("--job", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
@@ -326,7 +330,8 @@ def main() -> None:
             print(f"[{gb:g} GB] {engine} ...", file=sys.stderr, flush=True)
             # the overhead pair: on its own (small) corpus only
             load0 = os.getloadavg()[0]
-            res = run_job(cfg, engine, ",".join(STAGES), args.overhead_mb if gb == args.overhead_gb else None)
+            res = run_job(cfg, engine, ",".join(STAGES), args.overhead_mb if gb == args.overhead_gb else None,
+                          encode_limit=not args.no_encode_limit)
             res.update(gb=gb, raw_mb=raw_mb, load=(round(load0, 2), round(os.getloadavg()[0], 2)))
             shas = {s: v.pop("sha256", None) for s, v in res["stages"].items()}
             ref = ref or (shas if engine == "local" else None)
