@@ -103,18 +103,23 @@ def encode_limit(lc) -> dict:
     """The shards stage's limit: the tokenizer's own ``encode_batch`` over the same documents (every language
     file of the normalize output, ``shards.batch_docs`` at a time, the same rayon threads), nothing else: no
     flattening, word starts, packing or writing. Only the ``encode_batch`` calls are timed."""
-    import pyarrow.parquet as pq
-    from tokenizers import Tokenizer
     from mlm_core import stages
-    from mlm_core.shards.encode import prepare_tokenizer
     plans = stages.plan(lc)
     store = stages.StageStore(lc.workdir)
     norm = store.load("normalize", plans["normalize"].fingerprint)
     tok_art = store.load("tokenizer", plans["tokenizer"].fingerprint)
-    tok = prepare_tokenizer(Tokenizer.from_file(str(Path(tok_art.path) / "tokenizer.json")))
+    return encode_limit_files(Path(norm.path) / "docs", Path(tok_art.path) / "tokenizer.json",
+                              lc.config.shards.batch_docs)
+
+
+def encode_limit_files(docs_dir: Path, tokenizer_json: Path, batch_docs: int) -> dict:
+    import pyarrow.parquet as pq
+    from tokenizers import Tokenizer
+    from mlm_core.shards.encode import prepare_tokenizer
+    tok = prepare_tokenizer(Tokenizer.from_file(str(tokenizer_json)))
     sec, tokens = 0.0, 0
-    for f in sorted((Path(norm.path) / "docs").glob("*.parquet")):
-        for b in pq.ParquetFile(f).iter_batches(batch_size=lc.config.shards.batch_docs, columns=["text"]):
+    for f in sorted(Path(docs_dir).glob("*.parquet")):
+        for b in pq.ParquetFile(f).iter_batches(batch_size=batch_docs, columns=["text"]):
             texts = b.column(0).to_pylist()
             t0 = time.perf_counter()
             encs = tok.encode_batch(texts, add_special_tokens=False)
@@ -301,6 +306,9 @@ def main() -> None:
     ap.add_argument("--root", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "mlm-scale"))
     ap.add_argument("--keep", action="store_true", help="keep each run's workdir")
     ap.add_argument("--json", help="also write every result here")
+    ap.add_argument("--encode-limit-of", metavar="WORKDIR", type=Path,
+                    help="only time encode_batch alone over a kept run's normalize output (WORKDIR/normalize/*/docs, "
+                         "WORKDIR/tokenizer/*/tokenizer.json; RAYON_NUM_THREADS=2 as the shards stage's workers: 2)")
     ap.add_argument("--no-encode-limit", action="store_true",
                     help="skip timing encode_batch alone after engine local's stages (it takes about as long as shards)")
     # the job (internal)
@@ -313,6 +321,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.job:
         return job(args)
+    if args.encode_limit_of:
+        w = args.encode_limit_of
+        (docs,), (tokj,) = list(w.glob("normalize/*/docs")), list(w.glob("tokenizer/*/tokenizer.json"))
+        load0 = os.getloadavg()[0]
+        r = encode_limit_files(docs, tokj, 2000)
+        print(json.dumps({**r, "docs": str(docs), "load": (round(load0, 2), round(os.getloadavg()[0], 2))}))
+        return
     sizes = [float(s) for s in args.sizes.split(",")] + ([10.0] if args.big else [])
     sizes = sorted(set(sizes + ([args.overhead_gb] if args.overhead_gb else [])))
     engines = args.engines.split(",")
