@@ -308,7 +308,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write every result here")
     ap.add_argument("--encode-limit-of", metavar="WORKDIR", type=Path,
                     help="only time encode_batch alone over a kept run's normalize output (WORKDIR/normalize/*/docs, "
-                         "WORKDIR/tokenizer/*/tokenizer.json; RAYON_NUM_THREADS=2 as the shards stage's workers: 2)")
+                         "WORKDIR/tokenizer/*/tokenizer.json; 2 rayon threads and the default batch_docs, as the benchmark's shards stage)")
     ap.add_argument("--no-encode-limit", action="store_true",
                     help="skip timing encode_batch alone after engine local's stages (it takes about as long as shards)")
     # the job (internal)
@@ -323,9 +323,14 @@ def main() -> None:
         return job(args)
     if args.encode_limit_of:
         w = args.encode_limit_of
-        (docs,), (tokj,) = list(w.glob("normalize/*/docs")), list(w.glob("tokenizer/*/tokenizer.json"))
+        docs, tokj = list(w.glob("normalize/*/docs")), list(w.glob("tokenizer/*/tokenizer.json"))
+        if len(docs) != 1 or len(tokj) != 1:
+            sys.exit(f"--encode-limit-of {w}: want exactly one normalize/<fp>/docs and one tokenizer/<fp>/tokenizer.json "
+                     f"(found {len(docs)} and {len(tokj)})")
+        os.environ.setdefault("RAYON_NUM_THREADS", "2")      # as the shards stage with shards.workers: 2
+        from mlm_core.config.data import ShardsConfig
         load0 = os.getloadavg()[0]
-        r = encode_limit_files(docs, tokj, 2000)
+        r = encode_limit_files(docs[0], tokj[0], ShardsConfig.model_fields["batch_docs"].default)
         print(json.dumps({**r, "docs": str(docs), "load": (round(load0, 2), round(os.getloadavg()[0], 2))}))
         return
     sizes = [float(s) for s in args.sizes.split(",")] + ([10.0] if args.big else [])
