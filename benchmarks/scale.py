@@ -262,7 +262,7 @@ def stop_cluster(procs: list) -> None:
             p.kill()
 
 
-def run_job(cfg: Path, engine: str, stage_list: str, overhead: tuple | None = None, encode_limit: bool = True) -> dict:
+def run_job(cfg: Path, engine: str, stage_list: str, overhead: tuple | None = None, with_limit: bool = True) -> dict:
     """The job in a fresh process, with per-process peak RSS (and the external cluster's, when given)."""
     poller = RssPoller()
     procs: list = []
@@ -274,7 +274,7 @@ def run_job(cfg: Path, engine: str, stage_list: str, overhead: tuple | None = No
         cmd += ["--address", address]
     if overhead:
         cmd += ["--overhead", *map(str, overhead)]
-    if not encode_limit:
+    if not with_limit:
         cmd += ["--no-encode-limit"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": "", "MLM_PROGRESS_INTERVAL": "600"}
     t0 = time.perf_counter()
@@ -351,7 +351,7 @@ def main() -> None:
             # the overhead pair: on its own (small) corpus only
             load0 = os.getloadavg()[0]
             res = run_job(cfg, engine, ",".join(STAGES), args.overhead_mb if gb == args.overhead_gb else None,
-                          encode_limit=not args.no_encode_limit)
+                          with_limit=not args.no_encode_limit)
             res.update(gb=gb, raw_mb=raw_mb, load=(round(load0, 2), round(os.getloadavg()[0], 2)))
             shas = {s: v.pop("sha256", None) for s, v in res["stages"].items()}
             ref = ref or (shas if engine == "local" else None)
